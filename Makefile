@@ -1,0 +1,59 @@
+# tryll_fast developer entry points. Everything runs inside .venv (Python 3.11).
+#   make test    install (builds the Cython extensions) and run the tests
+#   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
+#   make fuzz    a longer atheris campaign on the codec
+#   make gen     regenerate checked-in code from schema/
+#   make serve   (arrives with the server issue)
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h) \
+           $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd)
+FUZZ_RUNS ?= 2000000
+PYTEST_ARGS ?=
+
+.PHONY: test bench fuzz gen serve install clean profile-build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Re-install (and so recompile) only when a build input changed.
+$(STAMP): $(PY) $(SOURCES)
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	mkdir -p benchmarks/results
+	$(PY) -m pytest benchmarks -q -p no:randomly --benchmark-only \
+		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)
+	$(PY) -m benchmarks.gates benchmarks/results/latest.json
+
+fuzz: install
+	$(PIP) install --quiet -e '.[fuzz]'
+	rm -rf build/fuzz-corpus && $(PY) -m fuzz.corpus --write-corpus build/fuzz-corpus
+	$(PY) fuzz/fuzz_codec.py -atheris_runs=$(FUZZ_RUNS) build/fuzz-corpus
+
+gen: $(PY)
+	$(PY) tools/gen_codec.py
+
+# A build whose Cython frames show up in py-spy / cProfile / coverage.
+profile-build: $(PY)
+	$(PIP) install --quiet Cython==3.3.1 setuptools==80.9.0 wheel==0.45.1
+	TRYLL_CYTHON_TRACE=1 $(PY) setup.py build_ext --inplace
+	rm -f $(STAMP)
+
+serve:
+	@echo "make serve arrives with the server issue (#4): the codec is all that exists yet." >&2
+	@exit 2
+
+clean:
+	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c *.egg-info

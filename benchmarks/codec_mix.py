@@ -1,0 +1,301 @@
+"""The message mix a game session really sends, built both ways.
+
+For each message: `ours_value()` (a codec value), `ref_build(b)` (the same
+message written with the official Builder API, or the object API for the two
+complex ones), and a reader per side that touches every field the way a
+server or a game client would."""
+import array
+import flatbuffers
+import numpy as np
+
+from benchmarks.reference import Table, load
+from tryll_fast import codec as c
+
+T = load()
+
+
+def ref(name):
+    return Table(T, name)
+
+
+PCM = array.array("h", (int(1000 * ((i % 64) - 32)) for i in range(2048)))   # 4 KiB
+PCM_NP = np.frombuffer(PCM, dtype=np.int16)
+
+
+# -- graph for CreateAgentRequest: 5 nodes, a ToolCall with 3 tools --------
+def _tool(name, desc, params):
+    return c.ToolDefinition(name=name, description=desc, parameters=[
+        c.ToolParamDefinition(name=p, param_type="string", description=f"The {p}.")
+        for p in params])
+
+
+def create_agent_value():
+    nodes = [
+        c.NodeDescription(name="guard", params=c.HumanMessageGuardrailParams(
+            patterns=["(?i)kill", "(?i)password"], triggered_exit="refuse",
+            not_triggered_exit="tools")),
+        c.NodeDescription(name="tools", params=c.ToolCallParams(
+            system_prompt="You can open doors, give items and check the weather.",
+            tools=[_tool("open_door", "Open a door in the tavern.", ["door"]),
+                   _tool("give_item", "Give the player an item.", ["item", "count"]),
+                   _tool("get_weather", "Current weather for a city.", ["city"])],
+            disposition=c.ToolCallDisposition.NotifyAndAcknowledge,
+            tool_called_exit="answer", no_tool_called_exit="answer")),
+        c.NodeDescription(name="lore", params=c.InstructionParams(
+            instruction_name="lore", text="Brenna runs the Prancing Pony since 1402.",
+            default_exit="answer")),
+        c.NodeDescription(name="answer", params=c.GenerateParams(
+            model_name="SmolLM2-135M-Instruct",
+            system_prompt="You are Brenna, a cheerful innkeeper. Answer in two sentences.",
+            sampling=c.SamplingOverrides(temperature=0.7, top_p=0.9, max_tokens=128))),
+        c.NodeDescription(name="refuse", params=c.CannedResponseParams(
+            lines=[c.LocalizableText(text="I won't talk about that."),
+                   c.LocalizableText(text="Let's change the subject.")])),
+    ]
+    return c.CreateAgentRequest(
+        request_id=12, graph=c.GraphDescription(nodes=nodes, start_node="guard"),
+        default_model_name="SmolLM2-135M-Instruct", enable_diagnostics=False,
+        variables=[c.AgentVariable(name="gold", value=c.VarInt(value=12)),
+                   c.AgentVariable(name="mood", value=c.VarString(value="happy"))],
+        workload=c.AgentWorkload.Interactive)
+
+
+def list_models_value():
+    roles = [c.ModelRole.Language, c.ModelRole.Tts, c.ModelRole.Stt, c.ModelRole.Vad,
+             c.ModelRole.Embedding]
+    return c.ListModelsResponse(request_id=5, models=[
+        c.ModelInfo(name=f"model-{i}", role=roles[i % 5], engine=c.EngineKind.LlamaCpp,
+                    status=c.ModelStatus.Downloaded, size_bytes=93_000_000 + i,
+                    description=f"Catalog entry number {i}", context_size=8192,
+                    languages=["en", "de"], dependencies=[] if i % 3 else ["silero-vad"],
+                    tts_capabilities=c.TtsCapabilitiesInfo(sample_rate=22050, num_speakers=1)
+                    if i % 5 == 1 else None)
+        for i in range(10)])
+
+
+# -- the mix ------------------------------------------------------------------
+def _s(b, s):
+    return b.CreateString(s)
+
+
+def _finish(b, tag, body):
+    M = ref("Message")
+    M.Start(b)
+    M.AddBodyType(b, tag)
+    M.AddBody(b, body)
+    b.FinishSizePrefixed(M.End(b))
+    return bytes(b.Output())
+
+
+def ref_send_message():
+    b = flatbuffers.Builder(256)
+    R = ref("SendMessageRequest")
+    t = _s(b, "Good evening! Any rooms free tonight?")
+    R.Start(b)
+    R.AddRequestId(b, 41)
+    R.AddAgentId(b, 3)
+    R.AddText(b, t)
+    return _finish(b, T.MessageBody.SendMessageRequest, R.End(b))
+
+
+def ref_answer_text():
+    b = flatbuffers.Builder(128)
+    R = ref("AnswerText")
+    n = _s(b, "answer")
+    t = _s(b, " tavern")
+    R.Start(b)
+    R.AddAgentId(b, 3)
+    R.AddNodeName(b, n)
+    R.AddText(b, t)
+    R.AddIsDelta(b, True)
+    return _finish(b, T.MessageBody.AnswerText, R.End(b))
+
+
+def ref_turn_complete():
+    b = flatbuffers.Builder(128)
+    R = ref("TurnComplete")
+    R.Start(b)
+    R.AddRequestId(b, 41)
+    R.AddAgentId(b, 3)
+    R.AddStatus(b, 0)
+    R.AddTokensGenerated(b, 64)
+    return _finish(b, T.MessageBody.TurnComplete, R.End(b))
+
+
+def ref_tts_audio():
+    b = flatbuffers.Builder(5000)
+    R = ref("TtsAudioFrame")
+    n = _s(b, "speak")
+    p = b.CreateNumpyVector(PCM_NP)
+    R.Start(b)
+    R.AddAgentId(b, 3)
+    R.AddNodeName(b, n)
+    R.AddPcm(b, p)
+    R.AddSampleOffset(b, 44100)
+    R.AddSentenceIndex(b, 2)
+    return _finish(b, T.MessageBody.TtsAudioFrame, R.End(b))
+
+
+def ref_transcript():
+    b = flatbuffers.Builder(128)
+    R = ref("WireTranscriptUpdate")
+    t = _s(b, "is the blacksmith still open")
+    R.Start(b)
+    R.AddVoiceInputId(b, 1)
+    R.AddKind(b, 1)
+    R.AddText(b, t)
+    R.AddSegmentIndex(b, 0)
+    R.AddStartMs(b, 120)
+    R.AddEndMs(b, 1880)
+    return _finish(b, T.MessageBody.WireTranscriptUpdate, R.End(b))
+
+
+def _ref_object_api(value, tag):
+    """Complex messages: the official object API (XT ... Pack), as a user would."""
+    obj = ref("Message").MessageT.InitFromPackedBuf(c.encode(value), 4)
+
+    def build():
+        b = flatbuffers.Builder(1024)
+        b.FinishSizePrefixed(obj.Pack(b))
+        return bytes(b.Output())
+    return build
+
+
+# readers: touch every field, as the receiving side would ---------------------
+def ours_read_send_message(frame):
+    o = c.decode_frame(frame).body
+    return [o.request_id, o.agent_id, o.text]
+
+
+def ours_read_answer_text(frame):
+    o = c.decode_frame(frame).body
+    return [o.agent_id, o.node_name, o.text, o.is_delta, o.is_final]
+
+
+def ours_read_turn_complete(frame):
+    o = c.decode_frame(frame).body
+    return [o.request_id, o.agent_id, o.status, o.debug_info, o.tokens_generated]
+
+
+def ours_read_tts_audio(frame):
+    o = c.decode_frame(frame).body
+    return [o.agent_id, o.node_name, o.pcm, o.sample_offset, o.sentence_index]
+
+
+def ours_read_transcript(frame):
+    o = c.decode_frame(frame).body
+    return [o.voice_input_id, o.kind, o.text, o.segment_index, o.start_ms, o.end_ms]
+
+
+def ours_read_list_models(frame):
+    body = c.decode_frame(frame).body
+    out = [body.request_id]
+    for m in body.models:
+        caps = m.tts_capabilities
+        out.append((m.name, m.role, m.engine, m.status, m.size_bytes, m.description,
+                    m.context_size, m.languages, m.dependencies,
+                    None if caps is None else (caps.sample_rate, caps.supports_speed,
+                                               caps.supports_voice_description,
+                                               caps.supports_reference_clip,
+                                               caps.expressiveness, caps.num_speakers)))
+    return out
+
+
+def ours_read_all(frame):
+    return c.decode_frame(frame).body.to_dict()
+
+
+def _ref_body(frame, name):
+    m = ref("Message").Message.GetRootAs(frame, 4)
+    m.BodyType()
+    tab = m.Body()
+    obj = getattr(ref(name), name)()
+    obj.Init(tab.Bytes, tab.Pos)
+    return obj
+
+
+def _str(x):
+    return None if x is None else x.decode("utf-8")
+
+
+def ref_read_send_message(frame):
+    o = _ref_body(frame, "SendMessageRequest")
+    return [o.RequestId(), o.AgentId(), _str(o.Text())]
+
+
+def ref_read_answer_text(frame):
+    o = _ref_body(frame, "AnswerText")
+    return [o.AgentId(), _str(o.NodeName()), _str(o.Text()), o.IsDelta(), o.IsFinal()]
+
+
+def ref_read_turn_complete(frame):
+    o = _ref_body(frame, "TurnComplete")
+    return [o.RequestId(), o.AgentId(), o.Status(), _str(o.DebugInfo()), o.TokensGenerated()]
+
+
+def ref_read_tts_audio(frame):
+    o = _ref_body(frame, "TtsAudioFrame")
+    return [o.AgentId(), _str(o.NodeName()), o.PcmAsNumpy(), o.SampleOffset(),
+            o.SentenceIndex()]
+
+
+def ref_read_transcript(frame):
+    o = _ref_body(frame, "WireTranscriptUpdate")
+    return [o.VoiceInputId(), o.Kind(), _str(o.Text()), o.SegmentIndex(), o.StartMs(),
+            o.EndMs()]
+
+
+def ref_read_list_models(frame):
+    o = _ref_body(frame, "ListModelsResponse")
+    out = [o.RequestId()]
+    for i in range(o.ModelsLength()):
+        m = o.Models(i)
+        caps = m.TtsCapabilities()
+        out.append((_str(m.Name()), m.Role(), m.Engine(), m.Status(), m.SizeBytes(),
+                    _str(m.Description()), m.ContextSize(),
+                    [_str(m.Languages(j)) for j in range(m.LanguagesLength())],
+                    [_str(m.Dependencies(j)) for j in range(m.DependenciesLength())],
+                    None if caps is None else (caps.SampleRate(), caps.SupportsSpeed(),
+                                               caps.SupportsVoiceDescription(),
+                                               caps.SupportsReferenceClip(),
+                                               caps.Expressiveness(), caps.NumSpeakers())))
+    return out
+
+
+def ref_read_all(frame):
+    """Every field of a complex message: the object API's full unpack."""
+    return ref("Message").MessageT.InitFromPackedBuf(frame, 4)
+
+
+MIX = {
+    # name: (ours value factory, ref encoder, ours reader, ref reader)
+    "SendMessageRequest": (
+        lambda: c.SendMessageRequest(request_id=41, agent_id=3,
+                                     text="Good evening! Any rooms free tonight?"),
+        ref_send_message, ours_read_send_message, ref_read_send_message),
+    "AnswerText": (
+        lambda: c.AnswerText(agent_id=3, node_name="answer", text=" tavern", is_delta=True),
+        ref_answer_text, ours_read_answer_text, ref_read_answer_text),
+    "TurnComplete": (
+        lambda: c.TurnComplete(request_id=41, agent_id=3, status=c.TurnStatus.Success,
+                               tokens_generated=64),
+        ref_turn_complete, ours_read_turn_complete, ref_read_turn_complete),
+    "TtsAudioFrame": (
+        lambda: c.TtsAudioFrame(agent_id=3, node_name="speak", pcm=PCM, sample_offset=44100,
+                                sentence_index=2),
+        ref_tts_audio, ours_read_tts_audio, ref_read_tts_audio),
+    "CreateAgentRequest": (
+        create_agent_value, None, ours_read_all, ref_read_all),
+    "ListModelsResponse": (
+        list_models_value, None, ours_read_list_models, ref_read_list_models),
+    "WireTranscriptUpdate": (
+        lambda: c.WireTranscriptUpdate(voice_input_id=1, kind=c.TranscriptUpdateKind.Partial,
+                                       text="is the blacksmith still open", start_ms=120,
+                                       end_ms=1880),
+        ref_transcript, ours_read_transcript, ref_read_transcript),
+}
+
+
+def ref_encoder(name):
+    value_fn, ref_enc, _, _ = MIX[name]
+    return ref_enc if ref_enc is not None else _ref_object_api(value_fn(), None)

@@ -1,0 +1,48 @@
+"""Build the Cython extensions.
+
+Set TRYLL_CYTHON_TRACE=1 to compile with Cython `profile` + `linetrace`
+(and CYTHON_TRACE_NOGIL), so py-spy, cProfile and coverage see Cython frames:
+
+    TRYLL_CYTHON_TRACE=1 pip install -e . --no-build-isolation
+"""
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+TRACE = os.environ.get("TRYLL_CYTHON_TRACE", "") not in ("", "0")
+
+directives = {
+    "language_level": "3",
+    "boundscheck": False,      # every buffer index is checked by hand in C
+    "wraparound": False,
+    "embedsignature": True,
+}
+macros = []
+if TRACE:
+    directives.update(profile=True, linetrace=True)
+    macros += [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+
+extensions = [
+    Extension(
+        "tryll_fast.codec._codec",
+        ["tryll_fast/codec/_codec.pyx"],
+        include_dirs=["csrc"],
+        define_macros=macros,
+        extra_compile_args=["-O2", "-Wno-unused-function"],
+        depends=["csrc/tf_codec.h"] + [
+            os.path.join("tryll_fast/codec", f)
+            for f in os.listdir("tryll_fast/codec") if f.endswith(".pxi")
+        ],
+    ),
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives=directives,
+        # a traced build must not reuse an untraced .c file (and vice versa)
+        force=TRACE,
+        build_dir="build/cython-trace" if TRACE else None,
+    ),
+)

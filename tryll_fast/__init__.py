@@ -1,0 +1,8 @@
+"""tryll_fast: a local server that gives game characters a mind and a voice.
+
+Packages (the tree is the architecture):
+  codec/      FlatBuffers frame codec for wire protocol v29 (compiled)
+"""
+
+PROTOCOL_VERSION = 29
+__version__ = "0.1.0"

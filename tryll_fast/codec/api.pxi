@@ -1,0 +1,161 @@
+# The Python-facing entry points: decode / encode a frame, any table as a
+# standalone root (dialog snapshots), and helpers the generated code calls.
+
+def decode(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
+    """Verify and decode one `Message` payload (no length prefix).
+
+    `data` is any bytes-like object; nothing is copied. Raises
+    MalformedMessage (5001) or UnknownMessageType (5002) for bad input.
+    The returned view keeps `data` alive; read fields from `msg.body`."""
+    return _decode(data, offset, length)
+
+
+cdef Table _decode(object data, Py_ssize_t offset, Py_ssize_t length):
+    cdef _Source src = _source_of(data, offset, length)
+    cdef _V v
+    cdef Py_ssize_t root
+    _v_init(&v, src)
+    root = _v_root(&v)
+    _vf_Message(&v, root, 0)
+    return _vw_Message(src, root)
+
+
+def decode_frame(frame):
+    """Decode a whole frame: 4-byte little-endian length, then the payload."""
+    cdef _Source src = _source_of(frame, 0, -1)
+    cdef Py_ssize_t n
+    if src.size < 4:
+        raise FramingError(f"a frame needs a 4-byte length, got {src.size} bytes")
+    n = tf_ld_u32(src.buf)
+    if n == 0 or n > TF_MAX_FRAME:
+        raise FramingError(f"frame length {n} is outside 1..{TF_MAX_FRAME}")
+    if n != src.size - 4:
+        raise MalformedMessage(
+            f"malformed message: length prefix says {n} bytes, frame has {src.size - 4}")
+    return _decode(frame, 4, n)
+
+
+def peek_body_type(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
+    """The MessageBody tag of a payload without verifying the rest (0 if
+    unreadable): lets a server name the request type in an error reply."""
+    cdef _Source src
+    cdef Table m
+    try:
+        src = _source_of(data, offset, length)
+        if src.size < 8:
+            return 0
+        m = <Table>_vw_Message(src, tf_ld_u32(src.buf))
+        return int(m.body_type)
+    except (CodecError, ValueError):
+        return 0
+
+
+def encode(body):
+    """Encode a message body (e.g. `AnswerText(text="hi", ...)`) into a
+    complete frame: length prefix + Message{body}. Also accepts a Message.
+    Raises EncodeError naming the field for a bad value, FrameTooLarge (5003)
+    when the frame would exceed 1 MiB."""
+    cdef Message msg
+    cdef Builder b
+    cdef uint32_t root
+    cdef bytes out
+    if isinstance(body, Message):
+        msg = <Message>body
+    else:
+        msg = Message.__new__(Message)
+        msg._v_body = body
+    b = _take_builder()
+    try:
+        root = _b_Message(b, msg)
+        b.finish(root, True, NULL)
+        if b.offset() - 4 > TF_MAX_FRAME:
+            raise FrameTooLarge(
+                f"{type(body).__name__} encodes to {b.offset() - 4} bytes; "
+                f"a frame holds at most {TF_MAX_FRAME}")
+        out = b.output()
+    finally:
+        _give_builder(b)
+    return out
+
+
+def encode_root(Table table, bint size_prefix=False):
+    """Encode any table as a standalone FlatBuffers root. Roots that declare
+    a file_identifier (PersistedDialogSnapshot: TDLG) get it written."""
+    cdef object idx = _TINDEX.get(type(table))
+    cdef object fid
+    cdef const char* fid_p = NULL
+    cdef Builder b
+    cdef uint32_t root
+    cdef bytes out
+    if idx is None:
+        raise TypeError(f"{type(table).__name__} is not a schema table")
+    fid = _FILE_IDS.get(type(table))
+    if fid is not None:
+        fid_p = PyBytes_AS_STRING(fid)
+    b = _take_builder()
+    try:
+        root = _BF_ALL[<Py_ssize_t>idx](b, table)
+        b.finish(root, size_prefix, fid_p)
+        if b.offset() - (4 if size_prefix else 0) > TF_MAX_FRAME:
+            raise FrameTooLarge(
+                f"{type(table).__name__} encodes to {b.offset()} bytes; at most {TF_MAX_FRAME}")
+        out = b.output()
+    finally:
+        _give_builder(b)
+    return out
+
+
+def decode_root(cls, data):
+    """Verify and view `data` as a standalone root of table class `cls`
+    (checking its file_identifier if the schema declares one)."""
+    cdef object idx = _TINDEX.get(cls)
+    cdef object fid
+    cdef _Source src
+    cdef _V v
+    cdef Py_ssize_t root
+    if idx is None:
+        raise TypeError(f"{cls!r} is not a schema table")
+    src = _source_of(data, 0, -1)
+    _v_init(&v, src)
+    root = _v_root(&v)
+    fid = _FILE_IDS.get(cls)
+    if fid is not None and (src.size < 8 or
+                            PyBytes_FromStringAndSize(<const char*>src.buf + 4, 4) != fid):
+        raise MalformedMessage(
+            f"malformed message: not a {cls.__name__} buffer (file identifier {fid!r} missing)")
+    _VF_ALL[<Py_ssize_t>idx](&v, root, 0)
+    return _VW_ALL[<Py_ssize_t>idx](src, root)
+
+
+# -- helpers used by the generated code -------------------------------------
+
+cdef object _as_table(object cls, object x, str where):
+    """A table value: an instance of `cls`, or a dict of its fields."""
+    if type(x) is cls:
+        return x
+    if isinstance(x, dict):
+        try:
+            return cls(**x)
+        except TypeError as e:
+            raise EncodeError(f"{where}: {e}") from None
+    raise EncodeError(f"{where}: expected {cls.__name__} or a dict, got {type(x).__name__}")
+
+
+cdef object _detach(Table view, object cls):
+    """A value copy of a decoded view, so views can be re-encoded."""
+    return cls(**{name: getattr(view, name) for name in cls.FIELDS})
+
+
+cdef int _vf_nested(_V* v, Py_ssize_t start, Py_ssize_t n, _vf_fn fn, int depth) except -1:
+    """Verify a nested_flatbuffer [ubyte] as a root of its own."""
+    cdef _V sub
+    cdef Py_ssize_t root
+    sub.buf = v.buf + start
+    sub.size = n
+    sub.tables_left = v.tables_left
+    sub.utf8_left = v.utf8_left
+    root = _v_root(&sub)
+    fn(&sub, root, depth)
+    v.tables_left = sub.tables_left
+    v.utf8_left = sub.utf8_left
+    return 0
