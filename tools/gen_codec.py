@@ -163,6 +163,8 @@ class Gen:
         for name, tag in u.members:
             o(f"{name} = {tag}", 1)
         o()
+        o(f"cdef dict _EV_{u.name} = {{m.value: m for m in {u.name}}}")
+        o()
         o()
 
     def gen_union_funcs(self, u: Union):
@@ -188,9 +190,14 @@ class Gen:
         o(f"_init_{u.name}()")
         o()
         o()
-        o(f"cdef inline int _vf_u_{u.name}(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:")
+        o(f"cdef inline int _vt_u_{u.name}(uint8_t tag) except -1:")
+        o('"""The tag must name a member even when the value is absent."""', 1)
         o(f"if tag > {n}:", 1)
         o(f"raise {unknown}(f\"unknown {u.name} member {{tag}} (this build knows 1..{n})\")", 2)
+        o("return 0", 1)
+        o()
+        o()
+        o(f"cdef inline int _vf_u_{u.name}(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:")
         o(f"return _VF_{u.name}[tag](v, t, depth)", 1)
         o()
         o()
@@ -305,6 +312,7 @@ class Gen:
             o(f"cdef object _v_{f.name}", 1)
         o(f"FIELDS = ({''.join(repr(f.name) + ', ' for f in fields)})", 1)
         o(f"UNION_FIELDS = frozenset(({''.join(repr(f.name) + ', ' for f in fields if f.type.kind == 'union')}))", 1)
+        o(f"_VOFFSETS = ({''.join(str(f.voffset) + ', ' for f in fields)})", 1)
         o()
         if fields:
             o(f"def __init__(self, *, {', '.join(f.name + '=None' for f in fields)}):", 1)
@@ -331,7 +339,10 @@ class Gen:
             o("if self._src is None:", 2)
             o(f"return {u.name}.NONE if self._v_{f.name} is None else {u.name}(_tag_{u.name}(_as_{u.name}(self._v_{f.name}, '{t.name}.{f.name}'), '{t.name}.{f.name}'))", 3)
             o(f"p = _tfield(self, {4 + 2 * (f.slot - 1)}, 1)", 2)
-            o(f"return {u.name}(tf_ld_u8(self._src.buf + p)) if p else {u.name}.NONE", 2)
+            o("if p == 0:", 2)
+            o(f"return {u.name}.NONE", 3)
+            o("v = tf_ld_u8(self._src.buf + p)", 2)
+            o(f"return _EV_{u.name}.get(v, v)", 2)
             o()
         o("@property", 1)
         o(f"def {f.name}(self):", 1)
@@ -442,6 +453,7 @@ class Gen:
                 u = f.type.decl
                 o(f"p = _v_field(v, t, vt, vs, ts, {4 + 2 * (f.slot - 1)}, 1)", 1)
                 o("tag = v.buf[p] if p else 0", 1)
+                o(f"_vt_u_{u.name}(tag)", 1)
                 o(f"p = {fo % 4}", 1)
                 o("if p and tag:", 1)
                 o(f"_vf_u_{u.name}(v, tag, _v_target(v, p), depth + 1)", 2)
@@ -509,6 +521,12 @@ class Gen:
                 if e.kind in ("scalar", "enum"):
                     sc = canon(e.scalar)
                     size, fmt, _ = SCALARS[sc]
+                    nested = f.attrs.get("nested_flatbuffer")
+                    if nested:
+                        idx = self.tables.index(self.s.decls[nested])
+                        o("if not _is_buffer(x):", 2)
+                        o(f"x = _nested_bytes(x, {where!r})", 3)
+                        o(f"_check_nested(x, {idx}, {where!r})", 2)
                     o("if _is_buffer(x):", 2)
                     o(f"o_{f.name} = _cv_buffer_vector(b, x, {size}, b{fmt!r}, {where!r})", 3)
                     o("else:", 2)

@@ -7,8 +7,9 @@ from libc.stdint cimport (uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t,
                           uint64_t, int64_t)
 from libc.string cimport memcpy, memset
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyObject_CheckBuffer,
+                             PyBuffer_IsContiguous,
                              PyBUF_SIMPLE, PyBUF_FORMAT, PyBUF_WRITABLE,
-                             PyBUF_C_CONTIGUOUS)
+                             PyBUF_C_CONTIGUOUS, PyBUF_RECORDS_RO)
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check

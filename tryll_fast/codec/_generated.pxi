@@ -381,6 +381,8 @@ class NodeParams(IntEnum):
     SummarizeParams = 14
     ClassifyAttributesLLMParams = 15
 
+cdef dict _EV_NodeParams = {m.value: m for m in NodeParams}
+
 
 class PersistedComponentBody(IntEnum):
     """The content of one dialog component. Append-only: new members go at the end."""
@@ -393,6 +395,8 @@ class PersistedComponentBody(IntEnum):
     PersistedKnowledge = 6
     PersistedSummary = 7
 
+cdef dict _EV_PersistedComponentBody = {m.value: m for m in PersistedComponentBody}
+
 
 class VariableValue(IntEnum):
     """Value of an agent variable; the member fixes the variable's type for the agent's lifetime."""
@@ -402,6 +406,8 @@ class VariableValue(IntEnum):
     VarString = 3
     VarBool = 4
     VarStringSet = 5
+
+cdef dict _EV_VariableValue = {m.value: m for m in VariableValue}
 
 
 class MessageBody(IntEnum):
@@ -504,6 +510,8 @@ class MessageBody(IntEnum):
     SetAgentVoiceRequest = 95
     SetAgentDeliveryModeRequest = 96
 
+cdef dict _EV_MessageBody = {m.value: m for m in MessageBody}
+
 
 @cython.final
 cdef class VisemeCue(Struct):
@@ -560,6 +568,7 @@ cdef class LocalizableText(Table):
     cdef object _v_string_table
     FIELDS = ('text', 'key', 'string_table', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, text=None, key=None, string_table=None):
         self._v_text = text
@@ -607,6 +616,7 @@ cdef class SamplingOverrides(Table):
     cdef object _v_stop
     FIELDS = ('temperature', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'seed', 'max_tokens', 'stop', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
 
     def __init__(self, *, temperature=None, top_k=None, top_p=None, min_p=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None, max_tokens=None, stop=None):
         self._v_temperature = temperature
@@ -746,6 +756,7 @@ cdef class ContextOverrides(Table):
     cdef object _v_n_threads
     FIELDS = ('kv_cache_type', 'n_gpu_layers', 'n_batch', 'n_ubatch', 'flash_attention', 'n_threads', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, kv_cache_type=None, n_gpu_layers=None, n_batch=None, n_ubatch=None, flash_attention=None, n_threads=None):
         self._v_kv_cache_type = kv_cache_type
@@ -832,6 +843,7 @@ cdef class LoraAdapter(Table):
     cdef object _v_scale
     FIELDS = ('path', 'scale', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, path=None, scale=None):
         self._v_path = path
@@ -864,6 +876,7 @@ cdef class ModelAdaptation(Table):
     cdef object _v_loras
     FIELDS = ('loras', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, loras=None):
         self._v_loras = loras
@@ -894,6 +907,7 @@ cdef class ToolParamDefinition(Table):
     cdef object _v_enum_values
     FIELDS = ('name', 'param_type', 'description', 'required', 'enum_values', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, name=None, param_type=None, description=None, required=None, enum_values=None):
         self._v_name = name
@@ -961,6 +975,7 @@ cdef class ToolDefinition(Table):
     cdef object _v_parameters
     FIELDS = ('name', 'description', 'parameters', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, name=None, description=None, parameters=None):
         self._v_name = name
@@ -1009,6 +1024,7 @@ cdef class AttributeDefinition(Table):
     cdef object _v_target_variable
     FIELDS = ('name', 'question', 'options', 'option_descriptions', 'target_variable', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, name=None, question=None, options=None, option_descriptions=None, target_variable=None):
         self._v_name = name
@@ -1087,6 +1103,7 @@ cdef class GenerateParams(Table):
     cdef object _v_adaptation
     FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'default_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
 
     def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, default_exit=None, adaptation=None):
         self._v_model_name = model_name
@@ -1214,6 +1231,7 @@ cdef class CannedResponseParams(Table):
     cdef object _v_lines
     FIELDS = ('string_storage', 'selection_strategy', 'default_exit', 'lines', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 8, 10, 12, )
 
     def __init__(self, *, string_storage=None, selection_strategy=None, default_exit=None, lines=None):
         self._v_string_storage = string_storage
@@ -1273,6 +1291,7 @@ cdef class InstructionParams(Table):
     cdef object _v_default_exit
     FIELDS = ('instruction_name', 'text', 'default_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, instruction_name=None, text=None, default_exit=None):
         self._v_instruction_name = instruction_name
@@ -1314,6 +1333,7 @@ cdef class HumanMessageGuardrailParams(Table):
     cdef object _v_not_triggered_exit
     FIELDS = ('string_storage', 'patterns', 'triggered_exit', 'not_triggered_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, string_storage=None, patterns=None, triggered_exit=None, not_triggered_exit=None):
         self._v_string_storage = string_storage
@@ -1375,6 +1395,7 @@ cdef class RetrieveParams(Table):
     cdef object _v_not_found_exit
     FIELDS = ('embedded_string_storage', 'top_k', 'threshold', 'retrieval_mode', 'rrf_k', 'source', 'filter', 'found_exit', 'not_found_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
 
     def __init__(self, *, embedded_string_storage=None, top_k=None, threshold=None, retrieval_mode=None, rrf_k=None, source=None, filter=None, found_exit=None, not_found_exit=None):
         self._v_embedded_string_storage = embedded_string_storage
@@ -1486,6 +1507,7 @@ cdef class ClassifyIntentParams(Table):
     cdef object _v_not_found_exit
     FIELDS = ('embedded_string_storage', 'metadata_field', 'threshold', 'filter', 'notify_client', 'found_exit', 'not_found_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
 
     def __init__(self, *, embedded_string_storage=None, metadata_field=None, threshold=None, filter=None, notify_client=None, found_exit=None, not_found_exit=None):
         self._v_embedded_string_storage = embedded_string_storage
@@ -1581,6 +1603,7 @@ cdef class ClassifyIntentLLMParams(Table):
     cdef object _v_adaptation
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'intents_ids', 'intents_descriptions', 'threshold', 'margin', 'history_turns', 'not_found_intent', 'notify_client', 'context', 'found_exit', 'not_found_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, )
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, intents_ids=None, intents_descriptions=None, threshold=None, margin=None, history_turns=None, not_found_intent=None, notify_client=None, context=None, found_exit=None, not_found_exit=None, adaptation=None):
         self._v_input = input
@@ -1761,6 +1784,7 @@ cdef class IntentToInstructionParams(Table):
     cdef object _v_instructions
     FIELDS = ('string_storage', 'inline_keys', 'instruction_name', 'default_exit', 'instructions', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 10, 12, 14, )
 
     def __init__(self, *, string_storage=None, inline_keys=None, instruction_name=None, default_exit=None, instructions=None):
         self._v_string_storage = string_storage
@@ -1843,6 +1867,7 @@ cdef class ToolCallParams(Table):
     cdef object _v_adaptation
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'tools', 'mode', 'parallel_tool_calls', 'disposition', 'acknowledge_text', 'pause_timeout_ms', 'sampling', 'context', 'tool_called_exit', 'no_tool_called_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, )
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, tools=None, mode=None, parallel_tool_calls=None, disposition=None, acknowledge_text=None, pause_timeout_ms=None, sampling=None, context=None, tool_called_exit=None, no_tool_called_exit=None, adaptation=None):
         self._v_input = input
@@ -2017,6 +2042,7 @@ cdef class PauseParams(Table):
     cdef object _v_timeout_exit
     FIELDS = ('pause_timeout_ms', 'default_exit', 'timeout_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, pause_timeout_ms=None, default_exit=None, timeout_exit=None):
         self._v_pause_timeout_ms = pause_timeout_ms
@@ -2060,6 +2086,7 @@ cdef class SpeakParams(Table):
     cdef object _v_first_chunk_max_chars
     FIELDS = ('min_sentence_chars', 'default_exit', 'first_chunk_max_chars', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None):
         self._v_min_sentence_chars = min_sentence_chars
@@ -2116,6 +2143,7 @@ cdef class GenerateAndSpeakParams(Table):
     cdef object _v_adaptation
     FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'min_sentence_chars', 'default_exit', 'first_chunk_max_chars', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, )
 
     def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None, adaptation=None):
         self._v_model_name = model_name
@@ -2269,6 +2297,7 @@ cdef class WriteToMemoryParams(Table):
     cdef object _v_default_exit
     FIELDS = ('mutable_kb', 'content', 'template', 'record_id', 'metadata_json', 'default_exit', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, mutable_kb=None, content=None, template=None, record_id=None, metadata_json=None, default_exit=None):
         self._v_mutable_kb = mutable_kb
@@ -2348,6 +2377,7 @@ cdef class SummarizeParams(Table):
     cdef object _v_adaptation
     FIELDS = ('model_name', 'context_size', 'system_prompt', 'template', 'keep_recent_turns', 'trigger_turns', 'trigger_token_ratio', 'max_summary_tokens', 'context', 'default_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
 
     def __init__(self, *, model_name=None, context_size=None, system_prompt=None, template=None, keep_recent_turns=None, trigger_turns=None, trigger_token_ratio=None, max_summary_tokens=None, context=None, default_exit=None, adaptation=None):
         self._v_model_name = model_name
@@ -2486,6 +2516,7 @@ cdef class ClassifyAttributesLLMParams(Table):
     cdef object _v_adaptation
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'attributes', 'threshold', 'history_turns', 'notify_client', 'context', 'found_exit', 'not_found_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, )
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, attributes=None, threshold=None, history_turns=None, notify_client=None, context=None, found_exit=None, not_found_exit=None, adaptation=None):
         self._v_input = input
@@ -2627,6 +2658,7 @@ cdef class NodeDescription(Table):
     cdef object _v_params
     FIELDS = ('name', 'params', )
     UNION_FIELDS = frozenset(('params', ))
+    _VOFFSETS = (4, 8, )
 
     def __init__(self, *, name=None, params=None):
         self._v_name = name
@@ -2647,7 +2679,10 @@ cdef class NodeDescription(Table):
         if self._src is None:
             return NodeParams.NONE if self._v_params is None else NodeParams(_tag_NodeParams(_as_NodeParams(self._v_params, 'NodeDescription.params'), 'NodeDescription.params'))
         p = _tfield(self, 6, 1)
-        return NodeParams(tf_ld_u8(self._src.buf + p)) if p else NodeParams.NONE
+        if p == 0:
+            return NodeParams.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_NodeParams.get(v, v)
 
     @property
     def params(self):
@@ -2672,6 +2707,7 @@ cdef class GraphDescription(Table):
     cdef object _v_start_node
     FIELDS = ('nodes', 'start_node', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, nodes=None, start_node=None):
         self._v_nodes = nodes
@@ -2711,6 +2747,7 @@ cdef class DeliveryMode(Table):
     cdef object _v_reference_clip_text
     FIELDS = ('name', 'instruction', 'speed_multiplier', 'reference_clip_path', 'reference_clip_text', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, name=None, instruction=None, speed_multiplier=None, reference_clip_path=None, reference_clip_text=None):
         self._v_name = name
@@ -2780,6 +2817,7 @@ cdef class VoiceProfile(Table):
     cdef object _v_emit_visemes
     FIELDS = ('model_name', 'speaker_id', 'speaker_name', 'speed', 'language', 'description', 'reference_clip_path', 'reference_clip_text', 'delivery_modes', 'default_delivery_mode', 'emit_visemes', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
 
     def __init__(self, *, model_name=None, speaker_id=None, speaker_name=None, speed=None, language=None, description=None, reference_clip_path=None, reference_clip_text=None, delivery_modes=None, default_delivery_mode=None, emit_visemes=None):
         self._v_model_name = model_name
@@ -2905,6 +2943,7 @@ cdef class PersistedUserMessage(Table):
     cdef object _v_text
     FIELDS = ('text', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, text=None):
         self._v_text = text
@@ -2927,6 +2966,7 @@ cdef class PersistedAssistantMessage(Table):
     cdef object _v_truncated
     FIELDS = ('text', 'reasoning_content', 'truncated', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, text=None, reasoning_content=None, truncated=None):
         self._v_text = text
@@ -2973,6 +3013,7 @@ cdef class PersistedToolCall(Table):
     cdef object _v_state
     FIELDS = ('call_id', 'tool_name', 'arguments_json', 'disposition', 'model_call_id', 'state', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, call_id=None, tool_name=None, arguments_json=None, disposition=None, model_call_id=None, state=None):
         self._v_call_id = call_id
@@ -3044,6 +3085,7 @@ cdef class PersistedToolResult(Table):
     cdef object _v_result
     FIELDS = ('call_id', 'tool_name', 'result', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, call_id=None, tool_name=None, result=None):
         self._v_call_id = call_id
@@ -3083,6 +3125,7 @@ cdef class PersistedInstruction(Table):
     cdef object _v_text
     FIELDS = ('name', 'text', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, name=None, text=None):
         self._v_name = name
@@ -3115,6 +3158,7 @@ cdef class PersistedKnowledgeEntry(Table):
     cdef object _v_distance
     FIELDS = ('id', 'text', 'metadata_json', 'distance', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, id=None, text=None, metadata_json=None, distance=None):
         self._v_id = id
@@ -3167,6 +3211,7 @@ cdef class PersistedKnowledge(Table):
     cdef object _v_entries
     FIELDS = ('source', 'query', 'entries', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, source=None, query=None, entries=None):
         self._v_source = source
@@ -3212,6 +3257,7 @@ cdef class PersistedSummary(Table):
     cdef object _v_summarized_interaction_count
     FIELDS = ('text', 'summarized_interaction_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, text=None, summarized_interaction_count=None):
         self._v_text = text
@@ -3250,6 +3296,7 @@ cdef class PersistedComponent(Table):
     cdef object _v_body
     FIELDS = ('node_name', 'slot_name', 'slot_kind', 'history_role', 'producer', 'created_at_ms', 'body', )
     UNION_FIELDS = frozenset(('body', ))
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 18, )
 
     def __init__(self, *, node_name=None, slot_name=None, slot_kind=None, history_role=None, producer=None, created_at_ms=None, body=None):
         self._v_node_name = node_name
@@ -3330,7 +3377,10 @@ cdef class PersistedComponent(Table):
         if self._src is None:
             return PersistedComponentBody.NONE if self._v_body is None else PersistedComponentBody(_tag_PersistedComponentBody(_as_PersistedComponentBody(self._v_body, 'PersistedComponent.body'), 'PersistedComponent.body'))
         p = _tfield(self, 16, 1)
-        return PersistedComponentBody(tf_ld_u8(self._src.buf + p)) if p else PersistedComponentBody.NONE
+        if p == 0:
+            return PersistedComponentBody.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_PersistedComponentBody.get(v, v)
 
     @property
     def body(self):
@@ -3358,6 +3408,7 @@ cdef class PersistedInteraction(Table):
     cdef object _v_components
     FIELDS = ('interaction_id', 'started_at_ms', 'completed_at_ms', 'outcome', 'components', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, interaction_id=None, started_at_ms=None, completed_at_ms=None, outcome=None, components=None):
         self._v_interaction_id = interaction_id
@@ -3438,6 +3489,7 @@ cdef class PersistedDialogSnapshot(Table):
     cdef object _v_interactions
     FIELDS = ('format_version', 'graph_fingerprint', 'node_names', 'locale', 'exported_at_ms', 'interactions', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, format_version=None, graph_fingerprint=None, node_names=None, locale=None, exported_at_ms=None, interactions=None):
         self._v_format_version = format_version
@@ -3522,6 +3574,7 @@ cdef class EngineHint(Table):
     cdef object _v_engine
     FIELDS = ('role', 'engine', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, role=None, engine=None):
         self._v_role = role
@@ -3560,6 +3613,7 @@ cdef class PlacementHint(Table):
     cdef object _v_placement
     FIELDS = ('model_name', 'placement', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, model_name=None, placement=None):
         self._v_model_name = model_name
@@ -3594,6 +3648,7 @@ cdef class ModelConfig(Table):
     cdef object _v_placement_hints
     FIELDS = ('engines', 'placement_hints', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, engines=None, placement_hints=None):
         self._v_engines = engines
@@ -3635,6 +3690,7 @@ cdef class VarInt(Table):
     cdef object _v_value
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3658,6 +3714,7 @@ cdef class VarFloat(Table):
     cdef object _v_value
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3681,6 +3738,7 @@ cdef class VarString(Table):
     cdef object _v_value
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3701,6 +3759,7 @@ cdef class VarBool(Table):
     cdef object _v_value
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3724,6 +3783,7 @@ cdef class VarStringSet(Table):
     cdef object _v_values
     FIELDS = ('values', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, values=None):
         self._v_values = values
@@ -3751,6 +3811,7 @@ cdef class AgentVariable(Table):
     cdef object _v_value
     FIELDS = ('name', 'value', )
     UNION_FIELDS = frozenset(('value', ))
+    _VOFFSETS = (4, 8, )
 
     def __init__(self, *, name=None, value=None):
         self._v_name = name
@@ -3771,7 +3832,10 @@ cdef class AgentVariable(Table):
         if self._src is None:
             return VariableValue.NONE if self._v_value is None else VariableValue(_tag_VariableValue(_as_VariableValue(self._v_value, 'AgentVariable.value'), 'AgentVariable.value'))
         p = _tfield(self, 6, 1)
-        return VariableValue(tf_ld_u8(self._src.buf + p)) if p else VariableValue.NONE
+        if p == 0:
+            return VariableValue.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_VariableValue.get(v, v)
 
     @property
     def value(self):
@@ -3797,6 +3861,7 @@ cdef class VariableUpdate(Table):
     cdef object _v_value
     FIELDS = ('name', 'op', 'value', )
     UNION_FIELDS = frozenset(('value', ))
+    _VOFFSETS = (4, 6, 10, )
 
     def __init__(self, *, name=None, op=None, value=None):
         self._v_name = name
@@ -3830,7 +3895,10 @@ cdef class VariableUpdate(Table):
         if self._src is None:
             return VariableValue.NONE if self._v_value is None else VariableValue(_tag_VariableValue(_as_VariableValue(self._v_value, 'VariableUpdate.value'), 'VariableUpdate.value'))
         p = _tfield(self, 8, 1)
-        return VariableValue(tf_ld_u8(self._src.buf + p)) if p else VariableValue.NONE
+        if p == 0:
+            return VariableValue.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_VariableValue.get(v, v)
 
     @property
     def value(self):
@@ -3855,6 +3923,7 @@ cdef class ToolResult(Table):
     cdef object _v_result
     FIELDS = ('call_id', 'result', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, call_id=None, result=None):
         self._v_call_id = call_id
@@ -3885,6 +3954,7 @@ cdef class DialogInteraction(Table):
     cdef object _v_assistant_message
     FIELDS = ('user_message', 'assistant_message', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, user_message=None, assistant_message=None):
         self._v_user_message = user_message
@@ -3915,6 +3985,7 @@ cdef class KeyValue(Table):
     cdef object _v_value
     FIELDS = ('key', 'value', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, key=None, value=None):
         self._v_key = key
@@ -3949,6 +4020,7 @@ cdef class TtsCapabilitiesInfo(Table):
     cdef object _v_num_speakers
     FIELDS = ('sample_rate', 'supports_speed', 'supports_voice_description', 'supports_reference_clip', 'expressiveness', 'num_speakers', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, sample_rate=None, supports_speed=None, supports_voice_description=None, supports_reference_clip=None, expressiveness=None, num_speakers=None):
         self._v_sample_rate = sample_rate
@@ -4041,6 +4113,7 @@ cdef class ModelInfo(Table):
     cdef object _v_tts_capabilities
     FIELDS = ('name', 'role', 'engine', 'status', 'size_bytes', 'description', 'context_size', 'languages', 'dependencies', 'tts_capabilities', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
 
     def __init__(self, *, name=None, role=None, engine=None, status=None, size_bytes=None, description=None, context_size=None, languages=None, dependencies=None, tts_capabilities=None):
         self._v_name = name
@@ -4182,6 +4255,7 @@ cdef class MemoryConsumptionEntry(Table):
     cdef object _v_shared
     FIELDS = ('owner_kind', 'tier', 'size_bytes', 'consumer_class', 'owner_name', 'model_name', 'session_id', 'agent_id', 'node_name', 'shared', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
 
     def __init__(self, *, owner_kind=None, tier=None, size_bytes=None, consumer_class=None, owner_name=None, model_name=None, session_id=None, agent_id=None, node_name=None, shared=None):
         self._v_owner_kind = owner_kind
@@ -4310,6 +4384,7 @@ cdef class MemoryTierUsage(Table):
     cdef object _v_budget_bytes
     FIELDS = ('tier', 'used_bytes', 'total_bytes', 'budget_bytes', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, tier=None, used_bytes=None, total_bytes=None, budget_bytes=None):
         self._v_tier = tier
@@ -4373,6 +4448,7 @@ cdef class MutableKbSchema(Table):
     cdef object _v_metadata_fields
     FIELDS = ('schema_name', 'schema_version', 'embedding_model_name', 'metadata_fields', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, schema_name=None, schema_version=None, embedding_model_name=None, metadata_fields=None):
         self._v_schema_name = schema_name
@@ -4431,6 +4507,7 @@ cdef class MutableKbInfo(Table):
     cdef object _v_live_count
     FIELDS = ('store_name', 'schema', 'live_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, store_name=None, schema=None, live_count=None):
         self._v_store_name = store_name
@@ -4475,6 +4552,7 @@ cdef class MutableKbRecord(Table):
     cdef object _v_metadata_json
     FIELDS = ('id', 'text', 'metadata_json', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, id=None, text=None, metadata_json=None):
         self._v_id = id
@@ -4516,6 +4594,7 @@ cdef class MutableKbWriteResult(Table):
     cdef object _v_message
     FIELDS = ('id', 'status', 'error_code', 'message', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, id=None, status=None, error_code=None, message=None):
         self._v_id = id
@@ -4573,6 +4652,7 @@ cdef class MutableKbHit(Table):
     cdef object _v_distance
     FIELDS = ('id', 'text', 'metadata_json', 'distance', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, id=None, text=None, metadata_json=None, distance=None):
         self._v_id = id
@@ -4624,6 +4704,7 @@ cdef class ConnectionReady(Table):
     cdef object _v_mode
     FIELDS = ('protocol_version', 'mode', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, protocol_version=None, mode=None):
         self._v_protocol_version = protocol_version
@@ -4658,6 +4739,7 @@ cdef class CreateSessionRequest(Table):
     cdef object _v_model_config
     FIELDS = ('request_id', 'locale', 'model_config', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, locale=None, model_config=None):
         self._v_request_id = request_id
@@ -4701,6 +4783,7 @@ cdef class CreateSessionResponse(Table):
     cdef object _v_session_id
     FIELDS = ('request_id', 'session_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, session_id=None):
         self._v_request_id = request_id
@@ -4744,6 +4827,7 @@ cdef class CreateAgentRequest(Table):
     cdef object _v_voice
     FIELDS = ('request_id', 'graph', 'default_model_name', 'enable_diagnostics', 'maintain_dialogue_history', 'variables', 'kv_cache_initialization', 'workload', 'voice', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
 
     def __init__(self, *, request_id=None, graph=None, default_model_name=None, enable_diagnostics=None, maintain_dialogue_history=None, variables=None, kv_cache_initialization=None, workload=None, voice=None):
         self._v_request_id = request_id
@@ -4862,6 +4946,7 @@ cdef class CreateAgentResponse(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -4899,6 +4984,7 @@ cdef class SendMessageRequest(Table):
     cdef object _v_text
     FIELDS = ('request_id', 'agent_id', 'text', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, text=None):
         self._v_request_id = request_id
@@ -4944,6 +5030,7 @@ cdef class DestroyAgentRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -4983,6 +5070,7 @@ cdef class AnswerText(Table):
     cdef object _v_is_final
     FIELDS = ('agent_id', 'node_name', 'text', 'is_delta', 'is_final', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, agent_id=None, node_name=None, text=None, is_delta=None, is_final=None):
         self._v_agent_id = agent_id
@@ -5052,6 +5140,7 @@ cdef class TurnComplete(Table):
     cdef object _v_tokens_generated
     FIELDS = ('request_id', 'agent_id', 'status', 'debug_info', 'tokens_generated', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, agent_id=None, status=None, debug_info=None, tokens_generated=None):
         self._v_request_id = request_id
@@ -5123,6 +5212,7 @@ cdef class ErrorResponse(Table):
     cdef object _v_message
     FIELDS = ('request_id', 'code', 'message', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, code=None, message=None):
         self._v_request_id = request_id
@@ -5168,6 +5258,7 @@ cdef class Ack(Table):
     cdef object _v_warning
     FIELDS = ('request_id', 'warning', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, warning=None):
         self._v_request_id = request_id
@@ -5200,6 +5291,7 @@ cdef class ListModelsRequest(Table):
     cdef object _v_request_id
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -5224,6 +5316,7 @@ cdef class ListModelsResponse(Table):
     cdef object _v_models
     FIELDS = ('request_id', 'models', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, models=None):
         self._v_request_id = request_id
@@ -5263,6 +5356,7 @@ cdef class DownloadModelRequest(Table):
     cdef object _v_model_name
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -5299,6 +5393,7 @@ cdef class DownloadProgress(Table):
     cdef object _v_current_file
     FIELDS = ('request_id', 'model_name', 'bytes_done', 'bytes_total', 'current_file', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, model_name=None, bytes_done=None, bytes_total=None, current_file=None):
         self._v_request_id = request_id
@@ -5368,6 +5463,7 @@ cdef class DownloadComplete(Table):
     cdef object _v_message
     FIELDS = ('request_id', 'model_name', 'success', 'error_code', 'message', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, model_name=None, success=None, error_code=None, message=None):
         self._v_request_id = request_id
@@ -5438,6 +5534,7 @@ cdef class CreateStringStorageRequest(Table):
     cdef object _v_file_path
     FIELDS = ('request_id', 'name', 'kind', 'strings', 'keys', 'file_path', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, request_id=None, name=None, kind=None, strings=None, keys=None, file_path=None):
         self._v_request_id = request_id
@@ -5524,6 +5621,7 @@ cdef class CreateStringStorageResponse(Table):
     cdef object _v_entry_count
     FIELDS = ('request_id', 'name', 'entry_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, name=None, entry_count=None):
         self._v_request_id = request_id
@@ -5569,6 +5667,7 @@ cdef class DestroyStringStorageRequest(Table):
     cdef object _v_name
     FIELDS = ('request_id', 'name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, name=None):
         self._v_request_id = request_id
@@ -5604,6 +5703,7 @@ cdef class NodeEvent(Table):
     cdef object _v_kv_pairs
     FIELDS = ('agent_id', 'node_name', 'event_type', 'kv_pairs', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, agent_id=None, node_name=None, event_type=None, kv_pairs=None):
         self._v_agent_id = agent_id
@@ -5662,6 +5762,7 @@ cdef class LoadModelRequest(Table):
     cdef object _v_placement
     FIELDS = ('request_id', 'model_name', 'placement', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, model_name=None, placement=None):
         self._v_request_id = request_id
@@ -5715,6 +5816,7 @@ cdef class LoadModelResponse(Table):
     cdef object _v_loaded_dependencies
     FIELDS = ('request_id', 'model_name', 'engine', 'already_loaded', 'placement', 'load_ms', 'ram_bytes', 'vram_bytes', 'loaded_dependencies', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
 
     def __init__(self, *, request_id=None, model_name=None, engine=None, already_loaded=None, placement=None, load_ms=None, ram_bytes=None, vram_bytes=None, loaded_dependencies=None):
         self._v_request_id = request_id
@@ -5837,6 +5939,7 @@ cdef class UnloadModelRequest(Table):
     cdef object _v_model_name
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -5874,6 +5977,7 @@ cdef class CreateEmbeddedStringStorageRequest(Table):
     cdef object _v_metadata_json
     FIELDS = ('request_id', 'name', 'config_path', 'embedding_model_name', 'texts', 'metadata_json', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, request_id=None, name=None, config_path=None, embedding_model_name=None, texts=None, metadata_json=None):
         self._v_request_id = request_id
@@ -5957,6 +6061,7 @@ cdef class CreateEmbeddedStringStorageResponse(Table):
     cdef object _v_dimensions
     FIELDS = ('request_id', 'name', 'entry_count', 'dimensions', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, name=None, entry_count=None, dimensions=None):
         self._v_request_id = request_id
@@ -6014,6 +6119,7 @@ cdef class DestroyEmbeddedStringStorageRequest(Table):
     cdef object _v_name
     FIELDS = ('request_id', 'name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, name=None):
         self._v_request_id = request_id
@@ -6049,6 +6155,7 @@ cdef class ChangeAgentParamRequest(Table):
     cdef object _v_params
     FIELDS = ('request_id', 'agent_id', 'node_name', 'params', )
     UNION_FIELDS = frozenset(('params', ))
+    _VOFFSETS = (4, 6, 8, 12, )
 
     def __init__(self, *, request_id=None, agent_id=None, node_name=None, params=None):
         self._v_request_id = request_id
@@ -6093,7 +6200,10 @@ cdef class ChangeAgentParamRequest(Table):
         if self._src is None:
             return NodeParams.NONE if self._v_params is None else NodeParams(_tag_NodeParams(_as_NodeParams(self._v_params, 'ChangeAgentParamRequest.params'), 'ChangeAgentParamRequest.params'))
         p = _tfield(self, 10, 1)
-        return NodeParams(tf_ld_u8(self._src.buf + p)) if p else NodeParams.NONE
+        if p == 0:
+            return NodeParams.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_NodeParams.get(v, v)
 
     @property
     def params(self):
@@ -6121,6 +6231,7 @@ cdef class CreateVoiceInputRequest(Table):
     cdef object _v_hotwords_score
     FIELDS = ('request_id', 'model_name', 'vad_min_silence_ms', 'hotwords_storage_path', 'hotwords_score', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, model_name=None, vad_min_silence_ms=None, hotwords_storage_path=None, hotwords_score=None):
         self._v_request_id = request_id
@@ -6187,6 +6298,7 @@ cdef class CreateVoiceInputResponse(Table):
     cdef object _v_voice_input_id
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6225,6 +6337,7 @@ cdef class BeginUtteranceRequest(Table):
     cdef object _v_max_utterance_ms
     FIELDS = ('request_id', 'voice_input_id', 'auto_finish_on_silence', 'max_utterance_ms', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, voice_input_id=None, auto_finish_on_silence=None, max_utterance_ms=None):
         self._v_request_id = request_id
@@ -6286,6 +6399,7 @@ cdef class AudioBuffer(Table):
     cdef object _v_sample_rate
     FIELDS = ('voice_input_id', 'pcm', 'sample_rate', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, voice_input_id=None, pcm=None, sample_rate=None):
         self._v_voice_input_id = voice_input_id
@@ -6333,6 +6447,7 @@ cdef class EndUtteranceRequest(Table):
     cdef object _v_voice_input_id
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6369,6 +6484,7 @@ cdef class CancelUtteranceRequest(Table):
     cdef object _v_voice_input_id
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6409,6 +6525,7 @@ cdef class WireTranscriptUpdate(Table):
     cdef object _v_end_ms
     FIELDS = ('voice_input_id', 'kind', 'text', 'segment_index', 'start_ms', 'end_ms', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, voice_input_id=None, kind=None, text=None, segment_index=None, start_ms=None, end_ms=None):
         self._v_voice_input_id = voice_input_id
@@ -6491,6 +6608,7 @@ cdef class DestroyVoiceInputRequest(Table):
     cdef object _v_voice_input_id
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6530,6 +6648,7 @@ cdef class TtsAudioFormatFrame(Table):
     cdef object _v_bits_per_sample
     FIELDS = ('agent_id', 'node_name', 'sample_rate', 'channels', 'bits_per_sample', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, agent_id=None, node_name=None, sample_rate=None, channels=None, bits_per_sample=None):
         self._v_agent_id = agent_id
@@ -6602,6 +6721,7 @@ cdef class TtsAudioFrame(Table):
     cdef object _v_sentence_index
     FIELDS = ('agent_id', 'node_name', 'pcm', 'sample_offset', 'sentence_index', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, agent_id=None, node_name=None, pcm=None, sample_offset=None, sentence_index=None):
         self._v_agent_id = agent_id
@@ -6670,6 +6790,7 @@ cdef class DeleteModelRequest(Table):
     cdef object _v_model_name
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -6704,6 +6825,7 @@ cdef class DebugCommandRequest(Table):
     cdef object _v_args
     FIELDS = ('request_id', 'command', 'args', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, command=None, args=None):
         self._v_request_id = request_id
@@ -6752,6 +6874,7 @@ cdef class DebugCommandResponse(Table):
     cdef object _v_output
     FIELDS = ('request_id', 'output', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, output=None):
         self._v_request_id = request_id
@@ -6786,6 +6909,7 @@ cdef class CancelRequest(Table):
     cdef object _v_mode
     FIELDS = ('request_id', 'agent_id', 'mode', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, mode=None):
         self._v_request_id = request_id
@@ -6837,6 +6961,7 @@ cdef class ResumeAgentRequest(Table):
     cdef object _v_tool_results
     FIELDS = ('request_id', 'agent_id', 'resume_node', 'tool_results', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, agent_id=None, resume_node=None, tool_results=None):
         self._v_request_id = request_id
@@ -6898,6 +7023,7 @@ cdef class UpdateAgentVariablesRequest(Table):
     cdef object _v_updates
     FIELDS = ('request_id', 'agent_id', 'updates', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, updates=None):
         self._v_request_id = request_id
@@ -6949,6 +7075,7 @@ cdef class GetAgentVariablesRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -6985,6 +7112,7 @@ cdef class GetAgentVariablesResponse(Table):
     cdef object _v_variables
     FIELDS = ('request_id', 'variables', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, variables=None):
         self._v_request_id = request_id
@@ -7024,6 +7152,7 @@ cdef class PrefillAgentKvCacheRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7068,6 +7197,7 @@ cdef class PrefillAgentKvCacheResponse(Table):
     cdef object _v_tokens_reused
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', 'contexts_created', 'tokens_decoded', 'tokens_reused', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None, contexts_created=None, tokens_decoded=None, tokens_reused=None):
         self._v_request_id = request_id
@@ -7199,6 +7329,7 @@ cdef class EvictAgentKvCacheRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7241,6 +7372,7 @@ cdef class EvictAgentKvCacheResponse(Table):
     cdef object _v_contexts_evicted
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', 'contexts_evicted', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, )
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None, contexts_evicted=None):
         self._v_request_id = request_id
@@ -7348,6 +7480,7 @@ cdef class GetAgentKvCacheStatusRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7389,6 +7522,7 @@ cdef class GetAgentKvCacheStatusResponse(Table):
     cdef object _v_debug_info
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None):
         self._v_request_id = request_id
@@ -7485,6 +7619,7 @@ cdef class AppendInteractionsRequest(Table):
     cdef object _v_interactions
     FIELDS = ('request_id', 'agent_id', 'interactions', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, interactions=None):
         self._v_request_id = request_id
@@ -7537,6 +7672,7 @@ cdef class AppendInteractionsResponse(Table):
     cdef object _v_appended_count
     FIELDS = ('request_id', 'agent_id', 'appended_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, appended_count=None):
         self._v_request_id = request_id
@@ -7586,6 +7722,7 @@ cdef class RemoveInteractionsFromEndRequest(Table):
     cdef object _v_count
     FIELDS = ('request_id', 'agent_id', 'count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, count=None):
         self._v_request_id = request_id
@@ -7635,6 +7772,7 @@ cdef class RemoveInteractionsFromEndResponse(Table):
     cdef object _v_removed_count
     FIELDS = ('request_id', 'agent_id', 'removed_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, removed_count=None):
         self._v_request_id = request_id
@@ -7682,6 +7820,7 @@ cdef class SetInferenceThrottle(Table):
     cdef object _v_throttle
     FIELDS = ('throttle', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, throttle=None):
         self._v_throttle = throttle
@@ -7706,6 +7845,7 @@ cdef class SetSessionLocaleRequest(Table):
     cdef object _v_locale
     FIELDS = ('request_id', 'locale', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, locale=None):
         self._v_request_id = request_id
@@ -7739,6 +7879,7 @@ cdef class ExportDialogRequest(Table):
     cdef object _v_agent_id
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7776,6 +7917,7 @@ cdef class ExportDialogResponse(Table):
     cdef object _v_snapshot
     FIELDS = ('request_id', 'agent_id', 'snapshot', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, snapshot=None):
         self._v_request_id = request_id
@@ -7825,6 +7967,7 @@ cdef class ImportDialogRequest(Table):
     cdef object _v_compatibility
     FIELDS = ('request_id', 'agent_id', 'snapshot', 'compatibility', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, agent_id=None, snapshot=None, compatibility=None):
         self._v_request_id = request_id
@@ -7887,6 +8030,7 @@ cdef class ImportDialogResponse(Table):
     cdef object _v_warnings
     FIELDS = ('request_id', 'agent_id', 'interaction_count', 'warnings', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, agent_id=None, interaction_count=None, warnings=None):
         self._v_request_id = request_id
@@ -7949,6 +8093,7 @@ cdef class GetMemoryConsumptionRequest(Table):
     cdef object _v_request_id
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -7975,6 +8120,7 @@ cdef class GetMemoryConsumptionResponse(Table):
     cdef object _v_entries
     FIELDS = ('request_id', 'captured_at_ms', 'tiers', 'entries', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, captured_at_ms=None, tiers=None, entries=None):
         self._v_request_id = request_id
@@ -8042,6 +8188,7 @@ cdef class EnsureMutableKbRequest(Table):
     cdef object _v_schema
     FIELDS = ('request_id', 'store_name', 'schema', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, schema=None):
         self._v_request_id = request_id
@@ -8087,6 +8234,7 @@ cdef class EnsureMutableKbResponse(Table):
     cdef object _v_created
     FIELDS = ('request_id', 'store_name', 'schema', 'created', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, store_name=None, schema=None, created=None):
         self._v_request_id = request_id
@@ -8141,6 +8289,7 @@ cdef class EnumerateMutableKbsRequest(Table):
     cdef object _v_request_id
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, )
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -8165,6 +8314,7 @@ cdef class EnumerateMutableKbsResponse(Table):
     cdef object _v_stores
     FIELDS = ('request_id', 'stores', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, stores=None):
         self._v_request_id = request_id
@@ -8205,6 +8355,7 @@ cdef class MutableKbWriteRequest(Table):
     cdef object _v_records
     FIELDS = ('request_id', 'store_name', 'records', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, records=None):
         self._v_request_id = request_id
@@ -8254,6 +8405,7 @@ cdef class MutableKbWriteResponse(Table):
     cdef object _v_results
     FIELDS = ('request_id', 'store_name', 'results', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, results=None):
         self._v_request_id = request_id
@@ -8303,6 +8455,7 @@ cdef class MutableKbDeleteRequest(Table):
     cdef object _v_ids
     FIELDS = ('request_id', 'store_name', 'ids', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, ids=None):
         self._v_request_id = request_id
@@ -8352,6 +8505,7 @@ cdef class MutableKbDeleteResponse(Table):
     cdef object _v_deleted_count
     FIELDS = ('request_id', 'store_name', 'deleted_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, deleted_count=None):
         self._v_request_id = request_id
@@ -8397,6 +8551,7 @@ cdef class MutableKbClearRequest(Table):
     cdef object _v_store_name
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -8431,6 +8586,7 @@ cdef class MutableKbClearResponse(Table):
     cdef object _v_deleted_count
     FIELDS = ('request_id', 'store_name', 'deleted_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, deleted_count=None):
         self._v_request_id = request_id
@@ -8480,6 +8636,7 @@ cdef class MutableKbQueryRequest(Table):
     cdef object _v_filter_json
     FIELDS = ('request_id', 'store_name', 'query_text', 'top_k', 'max_distance', 'filter_json', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, request_id=None, store_name=None, query_text=None, top_k=None, max_distance=None, filter_json=None):
         self._v_request_id = request_id
@@ -8556,6 +8713,7 @@ cdef class MutableKbQueryResponse(Table):
     cdef object _v_hits
     FIELDS = ('request_id', 'store_name', 'hits', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, hits=None):
         self._v_request_id = request_id
@@ -8605,6 +8763,7 @@ cdef class MutableKbGetRequest(Table):
     cdef object _v_record_id
     FIELDS = ('request_id', 'store_name', 'record_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, record_id=None):
         self._v_request_id = request_id
@@ -8649,6 +8808,7 @@ cdef class MutableKbGetResponse(Table):
     cdef object _v_record
     FIELDS = ('request_id', 'store_name', 'found', 'record', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, store_name=None, found=None, record=None):
         self._v_request_id = request_id
@@ -8706,6 +8866,7 @@ cdef class MutableKbListRequest(Table):
     cdef object _v_page_size
     FIELDS = ('request_id', 'store_name', 'cursor', 'page_size', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, store_name=None, cursor=None, page_size=None):
         self._v_request_id = request_id
@@ -8762,6 +8923,7 @@ cdef class MutableKbListResponse(Table):
     cdef object _v_next_cursor
     FIELDS = ('request_id', 'store_name', 'records', 'next_cursor', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, store_name=None, records=None, next_cursor=None):
         self._v_request_id = request_id
@@ -8819,6 +8981,7 @@ cdef class MutableKbStatsRequest(Table):
     cdef object _v_store_name
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -8856,6 +9019,7 @@ cdef class MutableKbStatsResponse(Table):
     cdef object _v_pending_embedding_count
     FIELDS = ('request_id', 'store_name', 'live_count', 'tombstoned_count', 'size_bytes', 'pending_embedding_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
 
     def __init__(self, *, request_id=None, store_name=None, live_count=None, tombstoned_count=None, size_bytes=None, pending_embedding_count=None):
         self._v_request_id = request_id
@@ -8937,6 +9101,7 @@ cdef class ExportMutableKbRequest(Table):
     cdef object _v_store_name
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -8971,6 +9136,7 @@ cdef class ExportMutableKbResponse(Table):
     cdef object _v_snapshot
     FIELDS = ('request_id', 'store_name', 'snapshot', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, store_name=None, snapshot=None):
         self._v_request_id = request_id
@@ -9016,6 +9182,7 @@ cdef class ImportMutableKbRequest(Table):
     cdef object _v_store_name
     FIELDS = ('request_id', 'snapshot', 'store_name', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, snapshot=None, store_name=None):
         self._v_request_id = request_id
@@ -9062,6 +9229,7 @@ cdef class ImportMutableKbResponse(Table):
     cdef object _v_warnings
     FIELDS = ('request_id', 'store_name', 'record_count', 'warnings', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, store_name=None, record_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9122,6 +9290,7 @@ cdef class SaveGameMemoryRequest(Table):
     cdef object _v_save_id
     FIELDS = ('request_id', 'save_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, )
 
     def __init__(self, *, request_id=None, save_id=None):
         self._v_request_id = request_id
@@ -9157,6 +9326,7 @@ cdef class SaveGameMemoryResponse(Table):
     cdef object _v_store_count
     FIELDS = ('request_id', 'save_id', 'written_at_ms', 'store_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, save_id=None, written_at_ms=None, store_count=None):
         self._v_request_id = request_id
@@ -9215,6 +9385,7 @@ cdef class LoadGameMemoryRequest(Table):
     cdef object _v_embed_timing
     FIELDS = ('request_id', 'save_id', 'embed_timing', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, save_id=None, embed_timing=None):
         self._v_request_id = request_id
@@ -9263,6 +9434,7 @@ cdef class LoadGameMemoryResponse(Table):
     cdef object _v_warnings
     FIELDS = ('request_id', 'save_id', 'store_count', 'warnings', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, save_id=None, store_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9324,6 +9496,7 @@ cdef class SaveDialogRequest(Table):
     cdef object _v_save_id
     FIELDS = ('request_id', 'agent_id', 'save_id', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None):
         self._v_request_id = request_id
@@ -9372,6 +9545,7 @@ cdef class SaveDialogResponse(Table):
     cdef object _v_interaction_count
     FIELDS = ('request_id', 'agent_id', 'save_id', 'written_at_ms', 'interaction_count', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, written_at_ms=None, interaction_count=None):
         self._v_request_id = request_id
@@ -9443,6 +9617,7 @@ cdef class LoadDialogRequest(Table):
     cdef object _v_compatibility
     FIELDS = ('request_id', 'agent_id', 'save_id', 'compatibility', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, compatibility=None):
         self._v_request_id = request_id
@@ -9504,6 +9679,7 @@ cdef class LoadDialogResponse(Table):
     cdef object _v_warnings
     FIELDS = ('request_id', 'agent_id', 'save_id', 'interaction_count', 'warnings', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, interaction_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9578,6 +9754,7 @@ cdef class TtsVisemeFrame(Table):
     cdef object _v_sentence_index
     FIELDS = ('agent_id', 'node_name', 'visemes', 'sentence_index', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, agent_id=None, node_name=None, visemes=None, sentence_index=None):
         self._v_agent_id = agent_id
@@ -9639,6 +9816,7 @@ cdef class SetAgentVoiceRequest(Table):
     cdef object _v_voice
     FIELDS = ('request_id', 'agent_id', 'voice', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
 
     def __init__(self, *, request_id=None, agent_id=None, voice=None):
         self._v_request_id = request_id
@@ -9687,6 +9865,7 @@ cdef class SetAgentDeliveryModeRequest(Table):
     cdef object _v_intensity
     FIELDS = ('request_id', 'agent_id', 'mode', 'intensity', )
     UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
 
     def __init__(self, *, request_id=None, agent_id=None, mode=None, intensity=None):
         self._v_request_id = request_id
@@ -9743,6 +9922,7 @@ cdef class Message(Table):
     cdef object _v_body
     FIELDS = ('body', )
     UNION_FIELDS = frozenset(('body', ))
+    _VOFFSETS = (6, )
 
     def __init__(self, *, body=None):
         self._v_body = body
@@ -9754,7 +9934,10 @@ cdef class Message(Table):
         if self._src is None:
             return MessageBody.NONE if self._v_body is None else MessageBody(_tag_MessageBody(_as_MessageBody(self._v_body, 'Message.body'), 'Message.body'))
         p = _tfield(self, 4, 1)
-        return MessageBody(tf_ld_u8(self._src.buf + p)) if p else MessageBody.NONE
+        if p == 0:
+            return MessageBody.NONE
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_MessageBody.get(v, v)
 
     @property
     def body(self):
@@ -11479,6 +11662,7 @@ cdef int _vf_NodeDescription(_V* v, Py_ssize_t t, int depth) except -1:
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     p = _v_field(v, t, vt, vs, ts, 6, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_NodeParams(tag)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p and tag:
         _vf_u_NodeParams(v, tag, _v_target(v, p), depth + 1)
@@ -12139,6 +12323,7 @@ cdef int _vf_PersistedComponent(_V* v, Py_ssize_t t, int depth) except -1:
     _v_field(v, t, vt, vs, ts, 14, 8)
     p = _v_field(v, t, vt, vs, ts, 16, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_PersistedComponentBody(tag)
     p = _v_field(v, t, vt, vs, ts, 18, 4)
     if p and tag:
         _vf_u_PersistedComponentBody(v, tag, _v_target(v, p), depth + 1)
@@ -12651,6 +12836,7 @@ cdef int _vf_AgentVariable(_V* v, Py_ssize_t t, int depth) except -1:
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     p = _v_field(v, t, vt, vs, ts, 6, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_VariableValue(tag)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p and tag:
         _vf_u_VariableValue(v, tag, _v_target(v, p), depth + 1)
@@ -12702,6 +12888,7 @@ cdef int _vf_VariableUpdate(_V* v, Py_ssize_t t, int depth) except -1:
     _v_field(v, t, vt, vs, ts, 6, 1)
     p = _v_field(v, t, vt, vs, ts, 8, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_VariableValue(tag)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
     if p and tag:
         _vf_u_VariableValue(v, tag, _v_target(v, p), depth + 1)
@@ -14688,6 +14875,7 @@ cdef int _vf_ChangeAgentParamRequest(_V* v, Py_ssize_t t, int depth) except -1:
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     p = _v_field(v, t, vt, vs, ts, 10, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_NodeParams(tag)
     p = _v_field(v, t, vt, vs, ts, 12, 4)
     if p and tag:
         _vf_u_NodeParams(v, tag, _v_target(v, p), depth + 1)
@@ -16175,6 +16363,9 @@ cdef uint32_t _b_ExportDialogResponse(Builder b, ExportDialogResponse t) except 
         t = _detach(t, ExportDialogResponse)
     x = t._v_snapshot
     if x is not None:
+        if not _is_buffer(x):
+            x = _nested_bytes(x, 'ExportDialogResponse.snapshot')
+        _check_nested(x, 37, 'ExportDialogResponse.snapshot')
         if _is_buffer(x):
             o_snapshot = _cv_buffer_vector(b, x, 1, b'B', 'ExportDialogResponse.snapshot')
         else:
@@ -16233,6 +16424,9 @@ cdef uint32_t _b_ImportDialogRequest(Builder b, ImportDialogRequest t) except 0:
         t = _detach(t, ImportDialogRequest)
     x = t._v_snapshot
     if x is not None:
+        if not _is_buffer(x):
+            x = _nested_bytes(x, 'ImportDialogRequest.snapshot')
+        _check_nested(x, 37, 'ImportDialogRequest.snapshot')
         if _is_buffer(x):
             o_snapshot = _cv_buffer_vector(b, x, 1, b'B', 'ImportDialogRequest.snapshot')
         else:
@@ -18048,6 +18242,7 @@ cdef int _vf_Message(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     p = _v_field(v, t, vt, vs, ts, 4, 1)
     tag = v.buf[p] if p else 0
+    _vt_u_MessageBody(tag)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p and tag:
         _vf_u_MessageBody(v, tag, _v_target(v, p), depth + 1)
@@ -18153,9 +18348,14 @@ cdef _init_NodeParams():
 _init_NodeParams()
 
 
-cdef inline int _vf_u_NodeParams(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
+cdef inline int _vt_u_NodeParams(uint8_t tag) except -1:
+    """The tag must name a member even when the value is absent."""
     if tag > 15:
         raise MalformedMessage(f"unknown NodeParams member {tag} (this build knows 1..15)")
+    return 0
+
+
+cdef inline int _vf_u_NodeParams(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
     return _VF_NodeParams[tag](v, t, depth)
 
 
@@ -18220,9 +18420,14 @@ cdef _init_PersistedComponentBody():
 _init_PersistedComponentBody()
 
 
-cdef inline int _vf_u_PersistedComponentBody(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
+cdef inline int _vt_u_PersistedComponentBody(uint8_t tag) except -1:
+    """The tag must name a member even when the value is absent."""
     if tag > 7:
         raise MalformedMessage(f"unknown PersistedComponentBody member {tag} (this build knows 1..7)")
+    return 0
+
+
+cdef inline int _vf_u_PersistedComponentBody(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
     return _VF_PersistedComponentBody[tag](v, t, depth)
 
 
@@ -18279,9 +18484,14 @@ cdef _init_VariableValue():
 _init_VariableValue()
 
 
-cdef inline int _vf_u_VariableValue(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
+cdef inline int _vt_u_VariableValue(uint8_t tag) except -1:
+    """The tag must name a member even when the value is absent."""
     if tag > 5:
         raise MalformedMessage(f"unknown VariableValue member {tag} (this build knows 1..5)")
+    return 0
+
+
+cdef inline int _vf_u_VariableValue(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
     return _VF_VariableValue[tag](v, t, depth)
 
 
@@ -18702,9 +18912,14 @@ cdef _init_MessageBody():
 _init_MessageBody()
 
 
-cdef inline int _vf_u_MessageBody(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
+cdef inline int _vt_u_MessageBody(uint8_t tag) except -1:
+    """The tag must name a member even when the value is absent."""
     if tag > 96:
         raise UnknownMessageType(f"unknown MessageBody member {tag} (this build knows 1..96)")
+    return 0
+
+
+cdef inline int _vf_u_MessageBody(_V* v, uint8_t tag, Py_ssize_t t, int depth) except -1:
     return _VF_MessageBody[tag](v, t, depth)
 
 

@@ -4,7 +4,8 @@
 def decode(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
     """Verify and decode one `Message` payload (no length prefix).
 
-    `data` is any bytes-like object; nothing is copied. Raises
+    `data` is any bytes-like object; nothing is copied. `length` < 0 means
+    to the end of `data`. Raises
     MalformedMessage (5001) or UnknownMessageType (5002) for bad input.
     The returned view keeps `data` alive; read fields from `msg.body`."""
     return _decode(data, offset, length)
@@ -142,8 +143,14 @@ cdef object _as_table(object cls, object x, str where):
 
 
 cdef object _detach(Table view, object cls):
-    """A value copy of a decoded view, so views can be re-encoded."""
-    return cls(**{name: getattr(view, name) for name in cls.FIELDS})
+    """A value copy of a decoded view, so views can be re-encoded. Fields
+    absent from the buffer stay absent, so the bytes come out as flatc's
+    unpack-then-pack would write them."""
+    cdef dict values = {}
+    for name, voffset in zip(cls.FIELDS, cls._VOFFSETS):
+        if _tfield(view, voffset, 0):
+            values[name] = getattr(view, name)
+    return cls(**values)
 
 
 cdef int _vf_nested(_V* v, Py_ssize_t start, Py_ssize_t n, _vf_fn fn, int depth) except -1:
@@ -153,9 +160,31 @@ cdef int _vf_nested(_V* v, Py_ssize_t start, Py_ssize_t n, _vf_fn fn, int depth)
     sub.buf = v.buf + start
     sub.size = n
     sub.tables_left = v.tables_left
-    sub.utf8_left = v.utf8_left
+    sub.work_left = v.work_left
     root = _v_root(&sub)
     fn(&sub, root, depth)
     v.tables_left = sub.tables_left
-    v.utf8_left = sub.utf8_left
+    v.work_left = sub.work_left
+    return 0
+
+
+cdef bytes _nested_bytes(object x, str where):
+    """A nested buffer given as a list of ints, checked like any [ubyte]."""
+    cdef str item = where + "[]"
+    return bytes([_cv_uint(e, 255, item) for e in _cv_sequence(x, where)])
+
+
+cdef int _check_nested(object x, Py_ssize_t idx, str where) except -1:
+    """A nested_flatbuffer field given to the builder must itself be a valid
+    buffer of its table type (empty means absent), or the frame we send
+    would fail its reader's verification."""
+    cdef _Source src = _source_of(x, 0, -1)
+    cdef _V v
+    if src.size == 0:
+        return 0
+    _v_init(&v, src)
+    try:
+        _VF_ALL[idx](&v, _v_root(&v), 1)
+    except CodecError as e:
+        raise EncodeError(f"{where}: not a valid nested buffer ({e})") from None
     return 0

@@ -404,10 +404,11 @@ cdef inline bint _cv_bool(object x, str field) except -1:
 cdef inline double _cv_float(object x, str field) except? -1.0:
     if PyFloat_Check(x):
         return PyFloat_AS_DOUBLE(x)
-    if PyLong_Check(x) or hasattr(x, "__float__"):
-        if isinstance(x, (str, bytes)):
-            raise EncodeError(f"{field}: expected a number, got {type(x).__name__}")
-        return float(x)
+    if not isinstance(x, (str, bytes, bytearray)) and (PyLong_Check(x) or hasattr(x, "__float__")):
+        try:
+            return float(x)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise EncodeError(f"{field}: expected a number, got {type(x).__name__} ({e})") from None
     raise EncodeError(f"{field}: expected a number, got {type(x).__name__}")
 
 
@@ -419,9 +420,11 @@ cdef uint32_t _cv_string(Builder b, object x, str field) except 0:
     cdef uint32_t r
     cdef int64_t bad
     if PyUnicode_Check(x):
-        p = PyUnicode_AsUTF8AndSize(x, &n)
-        if p == NULL:
-            raise EncodeError(f"{field}: string cannot be encoded as UTF-8")
+        try:
+            p = PyUnicode_AsUTF8AndSize(x, &n)
+        except UnicodeEncodeError as e:
+            raise EncodeError(f"{field}: string cannot be encoded as UTF-8 ({e.reason} "
+                              f"at index {e.start})") from None
         return b.create_string(p, n)
     if PyBytes_CheckExact(x):
         p = PyBytes_AS_STRING(x)
@@ -458,21 +461,39 @@ cdef inline bint _is_buffer(object x):
 
 cdef uint32_t _cv_buffer_vector(Builder b, object x, Py_ssize_t itemsize,
                                 const char* fmt, str field) except 0:
-    """Fast path for buffers of the right item type (PCM as memoryview,
-    array.array('h'), numpy int16, bytes for [ubyte]): one memcpy.
+    """Fast path for 1-D buffers of the right item type (PCM as memoryview,
+    array.array('h'), numpy int16, bytes for [ubyte]): one memcpy when
+    contiguous, a strided copy otherwise (e.g. one channel of stereo PCM).
     Callers check `_is_buffer(x)` first."""
     cdef Py_buffer view
-    cdef uint32_t r
-    PyObject_GetBuffer(x, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    cdef Py_ssize_t n, i, stride
+    cdef const uint8_t* src
+    cdef uint8_t* dst
+    PyObject_GetBuffer(x, &view, PyBUF_RECORDS_RO)
     try:
         if not _format_matches(view.format, view.itemsize, itemsize, fmt):
             raise EncodeError(
                 f"{field}: buffer of format {view.format.decode() if view.format else 'B'!r}"
                 f" (itemsize {view.itemsize}) does not match element format {fmt.decode()!r}")
-        r = b.create_raw_vector(view.buf, view.len // itemsize, itemsize, itemsize)
+        n = view.len // itemsize
+        if view.ndim > 1 or view.strides == NULL:
+            # N-D data is taken as flat samples, but only if it is one block
+            if not PyBuffer_IsContiguous(&view, b'C'):
+                raise EncodeError(f"{field}: a {view.ndim}-D buffer must be C-contiguous")
+            stride = itemsize
+        else:
+            stride = view.strides[0] if view.ndim == 1 else itemsize
+        if stride == itemsize:
+            return b.create_raw_vector(view.buf, n, itemsize, itemsize)
+        b.start_vector(itemsize, n, itemsize)
+        b.head -= n * itemsize
+        dst = b.buf + b.head
+        src = <const uint8_t*>view.buf
+        for i in range(n):
+            memcpy(dst + i * itemsize, src + i * stride, itemsize)
+        return b.end_vector(n)
     finally:
         PyBuffer_Release(&view)
-    return r
 
 
 cdef inline bint _format_matches(const char* have, Py_ssize_t have_size,

@@ -12,7 +12,12 @@
 cdef enum:
     MAX_DEPTH = 64          # same limit as flatbuffers::Verifier's default
     MAX_TABLES = 1000000    # same as the C++ verifier's max_tables
-    UTF8_BUDGET_FACTOR = 4  # shared strings may be re-validated, but boundedly
+    # Work budget: every table, string and vector visited is charged at least
+    # the bytes it occupies. A tree costs at most the buffer size; a DAG (one
+    # table or string referenced many times) is allowed this factor of reuse
+    # before verification stops, so no buffer can make the walk super-linear.
+    WORK_FACTOR = 4
+    WORK_SLACK = 65536
 
 
 class CodecError(ValueError):
@@ -170,7 +175,11 @@ cdef inline str _rd_string_at(_Source src, Py_ssize_t target):
     cdef Py_ssize_t n = <Py_ssize_t>tf_ld_u32(src.buf + target)
     if n > src.size - target - 4:
         raise _malformed("string runs past the end", target)
-    return PyUnicode_DecodeUTF8(<const char*>(src.buf + target + 4), n, NULL)
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>(src.buf + target + 4), n, NULL)
+    except UnicodeDecodeError:
+        # only reachable when a mutable buffer changed after verification
+        raise _malformed("string is not valid UTF-8", target) from None
 
 
 cdef inline str _rd_string(_Source src, Py_ssize_t fieldpos):
@@ -304,14 +313,21 @@ cdef struct _V:
     const uint8_t* buf
     Py_ssize_t size
     Py_ssize_t tables_left
-    Py_ssize_t utf8_left
+    Py_ssize_t work_left
 
 
 cdef inline int _v_init(_V* v, _Source src) except -1:
     v.buf = src.buf
     v.size = src.size
     v.tables_left = MAX_TABLES
-    v.utf8_left = UTF8_BUDGET_FACTOR * src.size + 4096
+    v.work_left = WORK_FACTOR * src.size + WORK_SLACK
+    return 0
+
+
+cdef inline int _v_charge(_V* v, Py_ssize_t cost, Py_ssize_t pos) except -1:
+    v.work_left -= cost
+    if v.work_left < 0:
+        raise _malformed("buffer references the same data too many times", pos)
     return 0
 
 
@@ -346,6 +362,7 @@ cdef inline int _v_table(_V* v, Py_ssize_t t, int depth,
     tsize = tf_ld_u16(v.buf + vt + 2)
     if tsize < 4 or t + tsize > v.size:
         raise _malformed(f"bad table size {tsize}", t)
+    _v_charge(v, tsize, t)
     vt_out[0] = vt
     vtsize_out[0] = vtsize
     tsize_out[0] = tsize
@@ -383,9 +400,7 @@ cdef inline int _v_string(_V* v, Py_ssize_t target) except -1:
         raise _malformed("string runs past the end", target)
     if v.buf[target + 4 + n] != 0:
         raise _malformed("string without terminator", target)
-    v.utf8_left -= n
-    if v.utf8_left < 0:
-        raise _malformed("too much string data (shared strings?)", target)
+    _v_charge(v, n + 5, target)
     bad = tf_utf8_invalid_at(v.buf + target + 4, <size_t>n)
     if bad >= 0:
         raise _malformed("string is not valid UTF-8", target + 4 + <Py_ssize_t>bad)
@@ -403,6 +418,7 @@ cdef inline Py_ssize_t _v_vector(_V* v, Py_ssize_t target, Py_ssize_t elemsize) 
     cdef Py_ssize_t n = <Py_ssize_t>tf_ld_u32(v.buf + target)
     if n > (v.size - target - 4) // elemsize:
         raise _malformed("vector runs past the end", target)
+    _v_charge(v, 4 + n * elemsize, target)
     return n
 
 

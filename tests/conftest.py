@@ -1,0 +1,27 @@
+"""Shared fixtures: the parsed schema, the compiled codec, the official runtime."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import reference  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def schema():
+    return reference.load_schema()
+
+
+@pytest.fixture(scope="session")
+def codec():
+    from tryll_fast import codec
+    return codec
+
+
+@pytest.fixture(scope="session")
+def ref(schema, tmp_path_factory):
+    """flatc's official Python object API, generated for this run."""
+    out = reference.generate_python(str(tmp_path_factory.mktemp("flatc_python")))
+    return reference.Reference(schema, out)
