@@ -12,16 +12,28 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyObject_Chec
                              PyBUF_C_CONTIGUOUS, PyBUF_RECORDS_RO)
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.bytearray cimport PyByteArray_AS_STRING
-from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check
-from cpython.long cimport PyLong_Check, PyLong_AsUnsignedLongLong, PyLong_AsLongLong
-from cpython.float cimport PyFloat_Check, PyFloat_AS_DOUBLE
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check, PyUnicode_CheckExact
+from cpython.long cimport PyLong_Check, PyLong_CheckExact, PyLong_AsUnsignedLongLong, PyLong_AsLongLong
+from cpython.bool cimport PyBool_Check
+from cpython.float cimport PyFloat_Check, PyFloat_CheckExact, PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_CheckExact
 from cpython.tuple cimport PyTuple_CheckExact
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.memoryview cimport PyMemoryView_FromObject
 
+from cpython.ref cimport PyObject, Py_DECREF
+from cpython.exc cimport PyErr_Clear
+
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+    PyObject* _PyUnicode_DecodeUTF8_raw "PyUnicode_DecodeUTF8" (
+        const char* s, Py_ssize_t size, const char* errors)
+
+cdef inline object _steal(PyObject* p):
+    """Take ownership of a new reference returned by a raw C-API call."""
+    cdef object o = <object>p
+    Py_DECREF(o)
+    return o
 
 cdef extern from "tf_codec.h":
     enum: TF_MAX_FRAME

@@ -175,11 +175,14 @@ cdef inline str _rd_string_at(_Source src, Py_ssize_t target):
     cdef Py_ssize_t n = <Py_ssize_t>tf_ld_u32(src.buf + target)
     if n > src.size - target - 4:
         raise _malformed("string runs past the end", target)
-    try:
-        return PyUnicode_DecodeUTF8(<const char*>(src.buf + target + 4), n, NULL)
-    except UnicodeDecodeError:
-        # only reachable when a mutable buffer changed after verification
-        raise _malformed("string is not valid UTF-8", target) from None
+    # A raw call instead of try/except: saving the exception state on every
+    # string read showed up in py-spy. NULL is only reachable when a mutable
+    # buffer changed after verification.
+    cdef PyObject* r = _PyUnicode_DecodeUTF8_raw(<const char*>(src.buf + target + 4), n, NULL)
+    if r == NULL:
+        PyErr_Clear()
+        raise _malformed("string is not valid UTF-8", target)
+    return <str><object>_steal(r)
 
 
 cdef inline str _rd_string(_Source src, Py_ssize_t fieldpos):
@@ -230,10 +233,10 @@ cdef class Table:
         """Every field as plain Python data (nested tables as dicts,
         unions as {"<Member>": {...}}, byte vectors as bytes)."""
         cdef dict out = {}
-        unions = self.UNION_FIELDS
+        cdef frozenset unions = self.UNION_FIELDS
         for name in self.FIELDS:
             v = getattr(self, name)
-            if v is not None and name in unions:
+            if v is not None and unions and name in unions:
                 out[name] = {type(v).__name__: (<Table>v).to_dict()}
             else:
                 out[name] = _plain(v)
@@ -273,6 +276,9 @@ cdef inline Py_ssize_t _tfield(Table t, Py_ssize_t voffset, Py_ssize_t nbytes) e
 
 
 cdef object _plain(object v):
+    if v is None or PyUnicode_CheckExact(v) or PyLong_CheckExact(v) or PyFloat_CheckExact(v) \
+            or PyBool_Check(v):
+        return v
     if isinstance(v, Table):
         return v.to_dict()
     if isinstance(v, Struct):
