@@ -37,8 +37,9 @@ bench: install
 		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)
 	$(PY) -m benchmarks.gates benchmarks/results/latest.json
 
+# Only the [fuzz] extra's requirements: `pip install -e .[fuzz]` would recompile.
 fuzz: install
-	$(PIP) install --quiet -e '.[fuzz]'
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['fuzz'])" | xargs $(PIP) install --quiet
 	rm -rf build/fuzz-corpus && $(PY) -m fuzz.corpus --write-corpus build/fuzz-corpus
 	$(PY) fuzz/fuzz_codec.py -atheris_runs=$(FUZZ_RUNS) build/fuzz-corpus
 
