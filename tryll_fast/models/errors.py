@@ -1,0 +1,43 @@
+"""The one exception a model fetch raises, with its protocol code (6001-6006).
+
+The same object becomes a DownloadComplete{success=false, error_code, message} frame in the
+server, so the message must stand alone: it names the model and, where one is involved, the
+file. The mapping is written out in docs/models.md.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class DownloadErrorCode(IntEnum):
+    # Transfer failed or delivered the wrong bytes (network error, HTTP error other than
+    # 404/410, truncated stream, size or sha256 mismatch, pip failure, unreadable wheel).
+    DownloadFailed = 6001
+    # Nothing to fetch: unknown catalog name, unsupported source, HTTP 404/410, no such
+    # wheel on the index, wheel without the member, missing file:// path.
+    DownloadNotAvailable = 6002
+    InsufficientDiskSpace = 6003
+    # The same model is already being fetched (this process or another one).
+    DownloadAlreadyActive = 6004
+    # ensure_model(): fetching on demand failed; the underlying error is __cause__.
+    ModelAutoDownloadFailed = 6005
+    # The caller's cancel event fired; a resumable .part file is kept.
+    DownloadCancelled = 6006
+
+
+class ModelDownloadError(Exception):
+    """A failed fetch. `.code` is the protocol code; `.model` / `.file` say what failed."""
+
+    def __init__(self, code: DownloadErrorCode, message: str, *, model: str = "",
+                 file: str = "") -> None:
+        self.code = DownloadErrorCode(code)
+        self.model = model
+        self.file = file
+        super().__init__(message)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} ({int(self.code)} {self.code.name})"
