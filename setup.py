@@ -39,6 +39,13 @@ extensions = [
             for f in os.listdir("tryll_fast/codec") if f.endswith(".pxi")
         ],
     ),
+    # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
+    Extension(
+        "tryll_fast.engines.llama._detok",
+        ["tryll_fast/engines/llama/_detok.pyx"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
 ]
 
 setup(

@@ -89,7 +89,7 @@ def conv_expr(scalar, x, where):
     ctype, _, _, store = C[s]
     if lo == 0:
         return f"<{store}>_cv_uint({x}, {hi}u, {where!r})"
-    lo_c = f"({lo + 1} - 1)" if lo == -2**63 else str(lo)   # INT64_MIN has no C literal
+    lo_c = "INT64_MIN" if lo == -2**63 else str(lo)   # -2**63 has no C literal
     return f"<{store}><{ctype}>_cv_int({x}, {lo_c}, {hi}, {where!r})"
 
 

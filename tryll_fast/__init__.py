@@ -2,6 +2,10 @@
 
 Packages (the tree is the architecture):
   codec/      FlatBuffers frame codec for wire protocol v29 (compiled)
+  engines/    inference engines: llama/ (batched llama.cpp, shared KV prefixes,
+              chat templates, tool calls, embeddings)
+  models/     the model catalog and fetching model files
+  cli.py      the `tryll-fast` command
 """
 
 PROTOCOL_VERSION = 29

@@ -4,7 +4,7 @@
 
 cimport cython
 from libc.stdint cimport (uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t,
-                          uint64_t, int64_t)
+                          uint64_t, int64_t, INT64_MIN)
 from libc.string cimport memcpy, memset
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyObject_CheckBuffer,
                              PyBuffer_IsContiguous,

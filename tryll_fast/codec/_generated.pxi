@@ -10070,7 +10070,7 @@ cdef uint32_t _b_SamplingOverrides(Builder b, SamplingOverrides t) except 0:
         b.add_f32(6, _cv_float(x, 'SamplingOverrides.frequency_penalty'), -1.0)
     x = t._v_seed
     if x is not None:
-        b.add_u64(7, <uint64_t><int64_t>_cv_int(x, (-9223372036854775807 - 1), 9223372036854775807, 'SamplingOverrides.seed'), <uint64_t><int64_t>(-1))
+        b.add_u64(7, <uint64_t><int64_t>_cv_int(x, INT64_MIN, 9223372036854775807, 'SamplingOverrides.seed'), <uint64_t><int64_t>(-1))
     x = t._v_max_tokens
     if x is not None:
         b.add_u32(8, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.max_tokens'), <uint32_t><int32_t>(-1))
@@ -12680,7 +12680,7 @@ cdef uint32_t _b_VarInt(Builder b, VarInt t) except 0:
     b.start_object(1)
     x = t._v_value
     if x is not None:
-        b.add_u64(0, <uint64_t><int64_t>_cv_int(x, (-9223372036854775807 - 1), 9223372036854775807, 'VarInt.value'), 0)
+        b.add_u64(0, <uint64_t><int64_t>_cv_int(x, INT64_MIN, 9223372036854775807, 'VarInt.value'), 0)
     return b.end_object()
 
 

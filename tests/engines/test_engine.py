@@ -1,0 +1,376 @@
+"""The batched engine with the real SmolLM2 model (greedy unless a test says otherwise)."""
+import threading
+import time
+
+import pytest
+
+from engine_prompts import chatml
+from tryll_fast.engines.llama import (
+    EngineClosed, EngineError, FinishReason, InvalidRequest, LlamaEngine, Priority,
+)
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture
+def engine(smollm2_model):
+    eng = LlamaEngine(smollm2_model, n_ctx=1024, n_slots=4, n_prefix_slots=2, n_batch=128)
+    yield eng
+    eng.close()
+
+
+def test_coherent_greedy_answer(engine):
+    h = engine.submit(chatml("What is the capital of France?"), max_tokens=24)
+    assert h.wait(60)
+    assert h.error is None
+    assert "Paris" in h.text
+    assert h.finish_reason in ("stop", "length")
+    st = h.stats
+    assert st.tokens_generated == len(h.tokens) > 0
+    assert st.prefilled_tokens == st.prompt_tokens
+    assert st.first_token_s > 0 and st.prefill_s > 0 and st.queue_wait_s >= 0
+
+
+def test_streamed_chunks_are_the_text(engine):
+    seen = []
+    h = engine.submit(chatml("Name three colors."), max_tokens=20, on_text=seen.append)
+    chunks = list(h.stream(timeout=60))
+    assert chunks == seen
+    assert "".join(chunks) == h.text
+    assert h.text == engine.detokenize(h.tokens[:-1] if h.finish_reason == "stop" else h.tokens)
+
+
+def run_schedule(model):
+    prompts = [chatml(q) for q in ("Say hello.", "What is 2+2?", "Name a fruit.")]
+    with LlamaEngine(model, n_ctx=1024, n_slots=4, n_batch=64) as eng:
+        with eng.hold():
+            handles = [eng.submit(p, max_tokens=16) for p in prompts]
+        return [h.result(60) for h in handles]
+
+
+def test_determinism_for_the_same_schedule(smollm2_model):
+    assert run_schedule(smollm2_model) == run_schedule(smollm2_model)
+
+
+def test_second_turn_decodes_only_the_new_suffix(engine):
+    key = ("npc-1", "dialog")
+    p1 = chatml("Hi, who are you?")
+    h1 = engine.submit(p1, key=key, max_tokens=12)
+    h1.result(60)
+    n1 = len(engine.tokenize(p1))
+    assert h1.stats.prefilled_tokens == n1
+    # the next turn repeats the whole history and adds a message
+    p2 = (p1 + h1.text + "<|im_end|>\n<|im_start|>user\nAnd where do you live?<|im_end|>\n"
+          "<|im_start|>assistant\n")
+    t2 = engine.tokenize(p2)
+    h2 = engine.submit(t2, key=key, max_tokens=12)
+    h2.result(60)
+    st = h2.stats
+    assert st.cached_tokens >= n1  # the prompt and (most of) the reply stayed in KV
+    assert st.prefilled_tokens == len(t2) - st.cached_tokens
+    assert st.prefilled_tokens < 30
+    # the same prompt again: only its last token is decoded (for fresh logits)
+    h3 = engine.submit(t2, key=key, max_tokens=1)
+    h3.result(60)
+    assert h3.stats.prefilled_tokens == 1
+    assert h3.stats.cached_tokens == len(t2) - 1
+
+
+LORE = ("You are a villager in the mountain town of Eldmoor. The town sits above a frozen lake, "
+        "trades wool and silver, and fears the wolves of the northern pass. The mayor is Ansel, "
+        "the smith is Brigid, and the old watchtower has been empty since the war. ") * 3
+
+
+def test_shared_prefix_is_stored_once_for_eight_agents(smollm2_model):
+    # n_ctx is far smaller than 8 private copies of the prefix would need: the
+    # decodes themselves prove the cells are shared; the accounting says how many.
+    with LlamaEngine(smollm2_model, n_ctx=768, n_slots=8, n_prefix_slots=1, n_batch=256) as eng:
+        system = eng.tokenize(f"<|im_start|>system\n{LORE}<|im_end|>\n")
+        n_prefix = len(system)
+        assert 8 * n_prefix > 768
+        handles = []
+        with eng.hold():  # eight agents arrive together
+            for i in range(8):
+                msg = eng.tokenize(f"<|im_start|>user\nHello, I am traveller {i}.<|im_end|>\n"
+                                   "<|im_start|>assistant\n", add_special=False)
+                handles.append(eng.submit(system + msg, key=("agent", i), max_tokens=4,
+                                          shared_prefix_len=n_prefix))
+        for h in handles:
+            h.result(120)
+            assert h.error is None and h.stats.tokens_generated > 0
+        # one agent decoded the prefix; the other seven attached it
+        assert sorted(h.stats.prefix_tokens for h in handles) == [0] + [n_prefix] * 7
+        for h in handles:
+            assert h.stats.prefilled_tokens == h.stats.prompt_tokens - h.stats.prefix_tokens
+        mem = eng.memory()
+        assert len(mem["prefixes"]) == 1
+        assert mem["prefixes"][0]["tokens"] == n_prefix == mem["prefix_cells"]
+        assert mem["prefixes"][0]["refs"] == 8
+        seqs = mem["sequences"].values()
+        assert all(s["shared_cells"] == n_prefix for s in seqs)
+        private = sum(s["private_cells"] for s in seqs)
+        assert private == sum(s["tokens"] - n_prefix for s in seqs)
+        used = mem["context"]["kv_cells_used"]
+        assert used == n_prefix + private
+        assert used < 768 < 8 * n_prefix
+
+
+def test_prefix_attached_to_fresh_conversations(smollm2_model):
+    """Sequential agents: the first registers the prefix, the next 7 only attach it."""
+    with LlamaEngine(smollm2_model, n_ctx=768, n_slots=8, n_prefix_slots=1, n_batch=256) as eng:
+        system = eng.tokenize(f"<|im_start|>system\n{LORE}<|im_end|>\n")
+        n_prefix = len(system)
+        stats = []
+        for i in range(8):
+            msg = eng.tokenize(f"<|im_start|>user\nHi from {i}<|im_end|>\n<|im_start|>assistant\n",
+                               add_special=False)
+            h = eng.submit(system + msg, key=("a", i), max_tokens=3, shared_prefix_len=n_prefix)
+            h.result(60)
+            stats.append(h.stats)
+        assert stats[0].prefix_tokens == 0 and stats[0].prefilled_tokens == stats[0].prompt_tokens
+        for st in stats[1:]:
+            assert st.prefix_tokens == n_prefix
+            assert st.prefilled_tokens == st.prompt_tokens - n_prefix
+        mem = eng.memory()
+        private = sum(s["private_cells"] for s in mem["sequences"].values())
+        assert mem["prefix_cells"] == n_prefix
+        assert mem["context"]["kv_cells_used"] == n_prefix + private
+        assert private < 8 * 40
+        bpc = mem["context"]["kv_bytes_per_cell"]
+        assert mem["context"]["kv_bytes_used"] == (n_prefix + private) * bpc
+
+
+def test_evict_restore_continues_like_the_unbroken_run(engine):
+    prompt = engine.tokenize(chatml("Tell me about the moon."))
+    unbroken = engine.prefill(("u", 1), prompt)
+    unbroken.result(60)
+    a = engine.submit(prompt, key=("u", 1), max_tokens=8)
+    a.result(60)
+    evicted = engine.prefill(("u", 2), prompt)
+    evicted.result(60)
+    engine.evict(("u", 2))
+    mem = engine.memory()
+    seq = mem["sequences"][repr(("u", 2))]
+    assert not seq["resident"] and seq["host_bytes"] > 0 and seq["private_cells"] == 0
+    b = engine.submit(prompt, key=("u", 2), max_tokens=8)
+    b.result(60)
+    assert b.stats.restored
+    assert b.stats.cached_tokens == len(prompt) - 1 and b.stats.prefilled_tokens == 1
+    assert b.tokens == a.tokens
+    assert b.text == a.text
+
+
+def test_slots_are_evicted_to_host_when_scarce(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_prefix_slots=1, n_batch=128) as eng:
+        prompts = {i: eng.tokenize(chatml(f"Give me a number bigger than {i}.")) for i in range(3)}
+        first = {i: eng.submit(prompts[i], key=i, max_tokens=4) for i in range(3)}
+        for h in first.values():
+            h.result(60)
+        # three conversations, two slots: one lives in host memory now
+        mem = eng.memory()
+        assert sum(s["resident"] for s in mem["sequences"].values()) == 2
+        assert sum(s["host_bytes"] > 0 for s in mem["sequences"].values()) == 1
+        again = {i: eng.submit(prompts[i], key=i, max_tokens=4) for i in range(3)}
+        for i, h in again.items():
+            h.result(60)
+            assert h.stats.prefilled_tokens == 1  # restored or resident: never re-prefilled
+        assert sum(h.stats.restored for h in again.values()) >= 1
+
+
+def test_cancellation_mid_generation(engine):
+    got_text = threading.Event()
+    h = engine.submit("1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=400,
+                      on_text=lambda t: got_text.set())
+    assert got_text.wait(60)
+    h.cancel()
+    assert h.wait(30)
+    assert h.finish_reason == "cancelled"
+    assert 0 < h.stats.tokens_generated < 400
+    n = h.stats.tokens_generated
+    time.sleep(0.2)
+    assert h.stats.tokens_generated == n  # nothing after the cancel took effect
+    # the engine keeps serving
+    assert engine.submit("Hello", max_tokens=2).wait(30)
+
+
+def test_cancel_while_queued(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=512, n_slots=1, n_prefix_slots=0, n_batch=64) as eng:
+        with eng.hold():
+            a = eng.submit("1, 2, 3,", max_tokens=30)
+            b = eng.submit("4, 5, 6,", max_tokens=30)
+            b.cancel()
+        assert a.wait(60) and b.wait(60)
+        assert b.finish_reason == "cancelled" and b.stats.tokens_generated == 0
+
+
+def test_more_requests_than_slots_queue_interactive_first(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_prefix_slots=0, n_batch=128) as eng:
+        with eng.hold():
+            bg = [eng.submit(chatml(f"Count to {i}."), max_tokens=6, priority=Priority.BACKGROUND)
+                  for i in range(3)]
+            it = [eng.submit(chatml(f"Say {w}."), max_tokens=6) for w in ("yes", "no", "maybe")]
+        for h in bg + it:
+            assert h.wait(120) and h.error is None
+            assert h.stats.tokens_generated > 0
+        order = lambda hs: sorted(h.stats.admitted_order for h in hs)  # noqa: E731
+        assert max(order(it)) < min(order(bg))
+        # FIFO within a class
+        assert [h.stats.admitted_order for h in bg] == order(bg)
+        assert [h.stats.admitted_order for h in it] == order(it)
+        assert it[2].stats.queue_wait_s > it[0].stats.queue_wait_s
+
+
+def test_grammar_constrains_the_output(engine):
+    for q in ("Is the sky blue? Answer yes or no.", "Is fire cold? Answer yes or no."):
+        h = engine.submit(chatml(q), max_tokens=8, grammar='root ::= "yes" | "no"')
+        assert h.result(60) in ("yes", "no")
+        assert h.finish_reason == "stop"
+
+
+def fresh(model, **kw):
+    """A new engine: comparisons of exact text need the same KV cell placement too."""
+    return LlamaEngine(model, n_ctx=1024, n_slots=2, n_batch=128, **kw)
+
+
+def test_stop_strings_never_appear(smollm2_model):
+    prompt = chatml("Write two sentences about cats.")
+    with fresh(smollm2_model) as eng:
+        free = eng.submit(prompt, max_tokens=40).result(60)
+    words = [w for w in free.split() if len(w) > 3]
+    assert len(words) >= 3
+    stop = words[len(words) // 2]
+    with fresh(smollm2_model) as eng:
+        h = eng.submit(prompt, max_tokens=40, stop=[stop, "zzzz-unused"])
+        text = h.result(60)
+    assert stop not in text
+    assert text == free[:free.index(stop)]
+    assert h.finish_reason == "stop"
+
+
+def test_non_ascii_generation_streams_whole_characters(engine):
+    chunks = []
+    h = engine.submit(chatml("Repeat exactly: café naïve 日本語 😀 Ελληνικά"), max_tokens=40,
+                      on_text=chunks.append)
+    text = h.result(60)
+    assert any(ord(c) > 127 for c in text)
+    assert "\ufffd" not in text
+    assert "".join(chunks) == text
+    ends_with_eog = h.finish_reason == "stop"
+    assert text == engine.detokenize(h.tokens[:-1] if ends_with_eog else h.tokens)
+
+
+def test_seeded_sampling_is_reproducible(smollm2_model):
+    prompt = chatml("Tell me a short story about a dragon.")
+    kw = dict(max_tokens=20, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05,
+              repeat_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2)
+    texts = []
+    for seed in (7, 7, 8):
+        with fresh(smollm2_model) as eng:
+            texts.append(eng.submit(prompt, seed=seed, **kw).result(60))
+    assert texts[0] == texts[1]
+    assert all(texts)
+
+
+def test_throttle_changes_speed_not_text(smollm2_model):
+    prompt = chatml("Describe a forest in one sentence.")
+    texts, times = [], []
+    for throttle in (0.0, 0.5):
+        with fresh(smollm2_model, throttle=throttle) as eng:
+            t0 = time.perf_counter()
+            texts.append(eng.submit(prompt, max_tokens=16).result(60))
+            times.append(time.perf_counter() - t0)
+    assert texts[0] == texts[1]
+    assert times[1] > times[0]
+
+
+def test_throttle_serves_background_last(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_batch=128, throttle=0.2) as eng:
+        with eng.hold():
+            bg = eng.submit(chatml("Count to five."), max_tokens=8, priority=Priority.BACKGROUND)
+            it = eng.submit(chatml("Say hi."), max_tokens=8)
+        it.result(60)
+        bg.result(60)
+        # the background request got no token while the interactive one was active
+        assert bg.stats.first_token_s > it.stats.total_s - 0.05
+
+
+def test_memory_returns_to_baseline(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=768, n_slots=3, n_prefix_slots=2, n_batch=128) as eng:
+        base = eng.memory()
+        assert base["context"]["kv_cells_used"] == 0
+        system = eng.tokenize(f"<|im_start|>system\n{LORE}<|im_end|>\n")
+        keys = [("m", i) for i in range(5)]  # more conversations than slots
+        for i, k in enumerate(keys):
+            eng.submit(system + eng.tokenize(f"hi {i}", add_special=False), key=k,
+                       max_tokens=3, shared_prefix_len=len(system)).result(60)
+        eng.evict(keys[0])
+        busy = eng.memory()
+        assert busy["context"]["kv_cells_used"] > len(system) and busy["host_bytes"] > 0
+        for k in keys:
+            eng.release(k)
+        assert eng.clear_prefixes() >= 1
+        after = eng.memory()
+        assert after["context"] == base["context"]
+        assert after["sequences"] == {} and after["prefixes"] == [] and after["host_bytes"] == 0
+        # llama.cpp agrees: every sequence is empty
+        ctx = eng.ctx
+        assert eng._call(lambda: [ctx.seq_pos_max(s) for s in range(ctx.n_seq_max)], 10) == [-1] * 5
+        assert after["model"]["weights_bytes"] == smollm2_model.weights_bytes
+
+
+def test_invalid_requests_raise_and_never_abort(engine, smollm2_model):
+    with pytest.raises(InvalidRequest, match="empty prompt"):
+        engine.submit("")
+    with pytest.raises(InvalidRequest, match="empty prompt"):
+        engine.submit([])
+    with pytest.raises(InvalidRequest, match="exceeds the context"):
+        engine.submit([1] * 1025)
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        engine.submit("hi", max_tokens=-1)
+    with pytest.raises(InvalidRequest, match="vocabulary"):
+        engine.submit([smollm2_model.n_vocab + 5])
+    with pytest.raises(InvalidRequest, match="shared_prefix_len"):
+        engine.submit("hi", shared_prefix_len=99)
+    with pytest.raises(InvalidRequest, match="grammar"):
+        engine.submit("hi", grammar='root ::= "unterminated')
+    with pytest.raises(InvalidRequest, match="top_p"):
+        engine.submit("hi", top_p=0)
+    with pytest.raises(InvalidRequest, match="throttle"):
+        engine.set_throttle(2)
+    with pytest.raises(InvalidRequest, match="no conversation"):
+        engine.evict("never-seen")
+    with pytest.raises(TypeError):
+        engine.submit("hi", bogus=1)
+    with pytest.raises(InvalidRequest, match="n_batch"):
+        LlamaEngine(smollm2_model, n_slots=8, n_batch=4)
+    assert engine.generate("Hello", max_tokens=2, timeout=30) is not None
+    engine.close()
+    with pytest.raises(EngineClosed):
+        engine.submit("hi")
+    with pytest.raises(EngineClosed):
+        engine.memory()
+    assert issubclass(EngineClosed, EngineError)
+
+
+def test_full_kv_cache_fails_one_request_not_the_process(smollm2_model):
+    with LlamaEngine(smollm2_model, n_ctx=128, n_slots=4, n_prefix_slots=0, n_batch=64) as eng:
+        with eng.hold():
+            hs = [eng.submit(f"{i} 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", max_tokens=60)
+                  for i in range(4)]
+        for h in hs:
+            assert h.wait(120)
+        failed = [h for h in hs if h.finish_reason == "error"]
+        assert failed and all("KV cache full" in h.error for h in failed)
+        assert any(h.finish_reason in ("stop", "length") for h in hs)
+        assert eng.generate("Hello", max_tokens=2, timeout=30) is not None
+
+
+def test_close_cancels_pending_work(smollm2_model):
+    eng = LlamaEngine(smollm2_model, n_ctx=512, n_slots=1, n_prefix_slots=0, n_batch=64)
+    with eng.hold():
+        hs = [eng.submit("1, 2, 3,", max_tokens=50) for _ in range(3)]
+    eng.close()
+    for h in hs:
+        assert h.wait(5)
+        assert h.finish_reason == FinishReason.CANCELLED.value
+    eng.close()  # idempotent

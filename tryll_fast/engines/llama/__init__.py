@@ -1,0 +1,31 @@
+"""llama.cpp engine: one context per model, continuous batching across agents.
+
+Owns: the low-level llama.cpp model/context wrappers (with Python guards in
+front of every call that could abort the process), the scheduler thread that
+packs all agents into one llama_decode per step, per-request sampler chains,
+the compiled UTF-8/stop-string detokenizer, conversation KV reuse, the shared
+prefix cache, evict/restore to host memory and memory accounting. Chat
+templates, tool calls and embeddings live beside it (chat.py, tools.py,
+embeddings.py) and are imported from their own modules.
+
+    from tryll_fast.engines.llama import LlamaEngine, Priority
+    with LlamaEngine("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_slots=8) as eng:
+        h = eng.submit(prompt, key=("agent-7", "dialog"), max_tokens=64, stop=["\\n\\n"])
+        for chunk in h.stream():
+            ...
+        h.stats.tokens_generated, h.finish_reason
+"""
+from tryll_fast.engines.llama.context import LlamaContext
+from tryll_fast.engines.llama.engine import LlamaEngine
+from tryll_fast.engines.llama.errors import (
+    DecodeError, EngineClosed, EngineError, InvalidRequest, ModelLoadError,
+)
+from tryll_fast.engines.llama.model import LlamaModel
+from tryll_fast.engines.llama.request import FinishReason, Priority, RequestHandle, RequestStats
+from tryll_fast.engines.llama.sampling import SamplerChain, SamplingParams
+
+__all__ = [
+    "DecodeError", "EngineClosed", "EngineError", "FinishReason", "InvalidRequest",
+    "LlamaContext", "LlamaEngine", "LlamaModel", "ModelLoadError", "Priority",
+    "RequestHandle", "RequestStats", "SamplerChain", "SamplingParams",
+]

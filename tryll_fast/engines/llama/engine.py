@@ -1,0 +1,335 @@
+"""LlamaEngine: one model, one llama_context, one scheduler thread; the public API.
+
+Threads: callers (any thread) validate and tokenize their request, then hand
+it over through a short critical section; the scheduler thread alone touches
+the llama_context, the prefix cache and the conversations. Control calls
+(evict, release, memory, status) run on the scheduler thread between steps,
+as commands whose result the caller waits for. llama_decode and sampling are
+ctypes calls, which release the GIL, so callers and the network keep running
+while a step computes.
+"""
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+
+from tryll_fast.engines.llama import model as model_mod
+from tryll_fast.engines.llama._detok import TextStream
+from tryll_fast.engines.llama.context import LlamaContext
+from tryll_fast.engines.llama.errors import EngineClosed, InvalidRequest
+from tryll_fast.engines.llama.model import LlamaModel
+from tryll_fast.engines.llama.request import FinishReason, Priority, RequestHandle
+from tryll_fast.engines.llama.sampling import SamplerChain, SamplingParams
+from tryll_fast.engines.llama.scheduler import Request, Scheduler
+
+log = logging.getLogger(__name__)
+
+MAX_THROTTLE_SLEEP_S = 0.25
+
+
+class LlamaEngine:
+    """Batched generation for many conversations on one model.
+
+    n_slots conversation sequences can be resident at once (more wait or are
+    evicted to host memory when idle); n_prefix_slots more seq ids hold shared
+    prefixes. The KV cache has n_ctx cells shared by all of them.
+    """
+
+    def __init__(self, model, *, n_ctx: int = 4096, n_slots: int = 8, n_prefix_slots: int = 2,
+                 n_batch: int = 512, n_threads: int = 2, n_threads_batch: int = 2,
+                 prefix_cell_budget: int | None = None, throttle: float = 0.0,
+                 flash_attn_type: int = -1):
+        if n_slots < 1 or n_prefix_slots < 0:
+            raise InvalidRequest(
+                f"n_slots={n_slots} must be >= 1, n_prefix_slots={n_prefix_slots} >= 0")
+        if n_batch < n_slots:
+            # every generating sequence needs its token in each step's batch
+            raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
+        self._owns_model = not isinstance(model, LlamaModel)
+        self.model = LlamaModel(model) if self._owns_model else model
+        try:
+            self.ctx = LlamaContext(self.model, n_ctx=n_ctx, n_seq_max=n_slots + n_prefix_slots,
+                                    n_batch=n_batch, n_threads=n_threads,
+                                    n_threads_batch=n_threads_batch, kv_unified=True,
+                                    flash_attn_type=flash_attn_type)
+        except BaseException:
+            if self._owns_model:
+                self.model.close()
+            raise
+        budget = self.ctx.n_ctx // 2 if prefix_cell_budget is None else prefix_cell_budget
+        self._sched = Scheduler(self.ctx, n_slots, budget)
+        self._piece_fn = model_mod.token_to_piece_address()
+        self._ids = itertools.count(1)
+        self._cv = threading.Condition()
+        self._incoming: list[Request] = []
+        self._commands: list = []
+        self._nudged = False
+        self._hold = 0
+        self._closing = False
+        self._closed = False
+        self._stop = threading.Event()
+        self.set_throttle(throttle)
+        name = f"llama-scheduler-{os.path.basename(self.model.path)}"
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # -- text -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        self._check_open()
+        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens) -> str:
+        self._check_open()
+        return self.model.detokenize(tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    # -- requests -------------------------------------------------------------------------
+
+    def submit(self, prompt, *, key=None, sampling: SamplingParams | None = None,
+               priority: Priority = Priority.INTERACTIVE, shared_prefix_len: int = 0,
+               on_text=None, **sampling_fields) -> RequestHandle:
+        """Queue a generation; returns at once with a handle.
+
+        prompt: text (tokenized with special tokens parsed, BOS as the model
+        wants) or a list of token ids. key: the conversation (agent x node)
+        whose KV is kept and reused by later requests with the same key; None
+        means a one-off sequence freed when done. shared_prefix_len: the
+        prompt's first tokens that other conversations will repeat verbatim
+        (system prompt, lore, tool schema); they become a shared prefix.
+        on_text(chunk) runs on the scheduler thread for every text chunk.
+        """
+        self._check_open()
+        if sampling is None:
+            sampling = SamplingParams(**sampling_fields)
+        elif sampling_fields:
+            raise InvalidRequest("pass either sampling= or sampling fields, not both")
+        sampling.validate()
+        tokens = self._prompt_tokens(prompt)
+        if not isinstance(priority, Priority):
+            try:
+                priority = Priority(priority)
+            except ValueError:
+                raise InvalidRequest(f"priority {priority!r} is not a Priority") from None
+        if not isinstance(shared_prefix_len, int) or not 0 <= shared_prefix_len <= len(tokens):
+            raise InvalidRequest(
+                f"shared_prefix_len={shared_prefix_len!r} outside [0, {len(tokens)}]"
+                " (prompt tokens)")
+        if key is not None:
+            try:
+                hash(key)
+            except TypeError:
+                raise InvalidRequest(f"conversation key {key!r} is not hashable") from None
+        anonymous = key is None
+        rid = next(self._ids)
+        if anonymous:
+            key = ("anonymous", rid)
+        chain = SamplerChain(self.model, sampling)
+        try:
+            stream = TextStream(sampling.stop, self.model.vocab_handle, self._piece_fn)
+        except BaseException:
+            chain.free()
+            raise
+        handle = RequestHandle(rid, None if anonymous else key, priority, on_text)
+        handle._wake = self._nudge
+        req = Request(handle, key, anonymous, tokens, sampling, chain, stream, shared_prefix_len)
+        with self._cv:
+            if self._closing:
+                chain.free()
+                raise EngineClosed("engine is closed")
+            self._incoming.append(req)
+            self._cv.notify()
+        return handle
+
+    def generate(self, prompt, *, timeout: float | None = None, **kw) -> str:
+        """submit() and wait for the whole text."""
+        return self.submit(prompt, **kw).result(timeout)
+
+    def prefill(self, key, prompt, *, shared_prefix_len: int = 0,
+                priority: Priority = Priority.BACKGROUND) -> RequestHandle:
+        """Decode a prompt into the conversation's KV without generating."""
+        if key is None:
+            raise InvalidRequest("prefill needs a conversation key (its KV is what is kept)")
+        return self.submit(prompt, key=key, sampling=SamplingParams(max_tokens=0),
+                           priority=priority, shared_prefix_len=shared_prefix_len)
+
+    def _prompt_tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            tokens = self.model.tokenize(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            tokens = list(prompt)
+            self.model.check_tokens(tokens)
+        else:
+            raise InvalidRequest(
+                f"prompt must be str or a list of token ids, not {type(prompt).__name__}")
+        if not tokens:
+            raise InvalidRequest("empty prompt")
+        if len(tokens) > self.ctx.n_ctx_seq:
+            raise InvalidRequest(
+                f"prompt of {len(tokens)} tokens exceeds the context (n_ctx={self.ctx.n_ctx_seq})")
+        return tokens
+
+    # -- control (run on the scheduler thread) --------------------------------------------
+
+    def evict(self, key, timeout: float | None = 30) -> None:
+        """Move an idle conversation's KV to host memory now (restored on its next request)."""
+        def run():
+            conv = self._sched.slots.get(key)
+            if conv is None:
+                raise InvalidRequest(f"no conversation {key!r}")
+            self._sched.slots.evict(conv)
+        self._call(run, timeout)
+
+    def release(self, key, timeout: float | None = 30) -> None:
+        """Cancel the conversation's requests and free its KV and host copy."""
+        def run():
+            self._sched.cancel_key(key)
+            conv = self._sched.slots.get(key)
+            if conv is not None:
+                self._sched.slots.release(conv)
+        self._call(run, timeout)
+
+    def clear_prefixes(self, timeout: float | None = 30) -> int:
+        """Drop every shared prefix nobody is attached to; returns how many."""
+        return self._call(self._sched.cache.evict_idle, timeout)
+
+    def memory(self, timeout: float | None = 30) -> dict:
+        """Plain-dict accounting: model weights, KV cells/bytes per context, sequence, prefix."""
+        return self._call(self._sched.memory, timeout)
+
+    def status(self, timeout: float | None = 30) -> dict:
+        return self._call(self._sched.status, timeout)
+
+    def set_throttle(self, throttle: float) -> None:
+        """0 = full speed; towards 1 the scheduler sleeps longer between steps."""
+        if not isinstance(throttle, (int, float)) or not 0.0 <= throttle <= 1.0:
+            raise InvalidRequest(f"throttle={throttle!r} outside [0, 1]")
+        self._sched.throttle = float(throttle)
+
+    @property
+    def throttle(self) -> float:
+        return self._sched.throttle
+
+    @contextlib.contextmanager
+    def hold(self):
+        """No step starts while held: requests submitted inside start in the same step."""
+        with self._cv:
+            self._hold += 1
+        try:
+            yield self
+        finally:
+            with self._cv:
+                self._hold -= 1
+                self._cv.notify()
+
+    def _call(self, fn, timeout):
+        self._check_open()
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut = concurrent.futures.Future()
+        with self._cv:
+            if self._closing:
+                raise EngineClosed("engine is closed")
+            self._commands.append((fn, fut))
+            self._cv.notify()
+        return fut.result(timeout)
+
+    def _nudge(self) -> None:
+        with self._cv:
+            self._nudged = True
+            self._cv.notify()
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise EngineClosed("engine is closed")
+
+    # -- the scheduler thread -------------------------------------------------------------
+
+    def _loop(self) -> None:
+        s = self._sched
+        idle_wait = None
+        while True:
+            with self._cv:
+                while not (self._closing or self._commands or self._incoming or self._nudged
+                           or (self._hold == 0 and s.has_work())):
+                    self._cv.wait()
+                if idle_wait:
+                    self._cv.wait(idle_wait)
+                if self._closing:
+                    return
+                incoming, self._incoming = self._incoming, []
+                commands, self._commands = self._commands, []
+                held = self._hold > 0
+                self._nudged = False
+            try:
+                for r in incoming:
+                    s.enqueue(r)
+                for fn, fut in commands:
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:
+                        fut.set_exception(e)
+                s.sweep_cancelled()
+                if held:
+                    idle_wait = None
+                    continue
+                s.admit()
+                t0 = time.perf_counter()
+                stepped = s.step()
+                # nothing to decode but work queued (e.g. a conversation busy): don't spin
+                idle_wait = None if stepped or not s.has_work() else 0.01
+                if stepped and s.throttle > 0:
+                    dt = time.perf_counter() - t0
+                    t = s.throttle
+                    pause = (MAX_THROTTLE_SLEEP_S if t >= 1
+                             else min(MAX_THROTTLE_SLEEP_S, dt * t / (1 - t)))
+                    self._stop.wait(pause)
+            except Exception as e:  # a bug must fail requests, not silently kill the thread
+                log.exception("llama scheduler step failed")
+                for r in list(s.running):
+                    s._finish(r, FinishReason.ERROR, f"scheduler error: {e!r}")
+                s._drop_finished()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the scheduler, cancel what is left, free context and (owned) model."""
+        if threading.current_thread() is self._thread:
+            raise InvalidRequest("close() called from the scheduler thread (an on_text callback?)")
+        with self._cv:
+            if self._closed:
+                return
+            self._closing = True
+            self._cv.notify()
+        self._stop.set()
+        self._thread.join()
+        with self._cv:
+            leftover, self._incoming = self._incoming, []
+            commands, self._commands = self._commands, []
+        for r in leftover:
+            self._sched.enqueue(r)
+        for _, fut in commands:
+            fut.set_exception(EngineClosed("engine is closed"))
+        self._sched.shutdown()
+        self.ctx.close()
+        if self._owns_model:
+            self.model.close()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

@@ -1,0 +1,185 @@
+"""A GGUF model loaded with llama.cpp's low-level API: weights, vocabulary, tokenizer.
+
+The model is read-only once loaded, so tokenize/detokenize may run on any
+thread; a lock only orders them against close(), which frees the weights.
+"""
+import ctypes
+import logging
+import os
+import threading
+import weakref
+
+import llama_cpp.llama_cpp as C
+
+from tryll_fast.engines.llama.errors import EngineClosed, InvalidRequest, ModelLoadError
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        C.llama_backend_init()
+        # llama-cpp-python installs a Python log callback that prints every
+        # INFO line of every model load; keep errors only unless someone asked.
+        log = logging.getLogger("llama-cpp-python")
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.ERROR)
+        _backend_ready = True
+
+
+def token_to_piece_address() -> int:
+    """C address of llama_token_to_piece, for the Cython detokenizer to call directly."""
+    return ctypes.cast(C.llama_token_to_piece, ctypes.c_void_p).value
+
+
+class LlamaModel:
+    """One GGUF file in memory. Use as a context manager or call close()."""
+
+    def __init__(self, path, *, n_gpu_layers: int = 0, use_mmap: bool = True):
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model file not found: {path!r}")
+        _init_backend()
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = use_mmap
+        model = C.llama_model_load_from_file(path.encode(), params)
+        if not model:
+            raise ModelLoadError(f"llama.cpp could not load {path!r}")
+        self.path = path
+        self._model = model
+        self._vocab = C.llama_model_get_vocab(model)
+        self._lock = threading.Lock()
+        self._contexts = weakref.WeakSet()  # open contexts: freeing the weights under them crashes
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(model)
+        self.n_layer = C.llama_model_n_layer(model)
+        self.n_embd = C.llama_model_n_embd(model)
+        self.n_head = C.llama_model_n_head(model)
+        self.n_head_kv = C.llama_model_n_head_kv(model)
+        self.weights_bytes = C.llama_model_size(model)
+        self.n_params = C.llama_model_n_params(model)
+        self.bos = C.llama_vocab_bos(self._vocab)
+        self.eos = C.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self.architecture = self.meta("general.architecture") or ""
+        self.kv_bytes_per_cell = self._kv_bytes_per_cell()
+
+    # -- raw handles, for the context and samplers of this package only --------------------
+
+    @property
+    def handle(self):
+        if self._model is None:
+            raise EngineClosed(f"model {self.path!r} is closed")
+        return self._model
+
+    @property
+    def vocab_handle(self):
+        if self._model is None:
+            raise EngineClosed(f"model {self.path!r} is closed")
+        return self._vocab
+
+    @property
+    def closed(self) -> bool:
+        return self._model is None
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _kv_bytes_per_cell(self) -> int:
+        # One KV cell stores K and V for every layer, F16 by default. Models
+        # such as Gemma 3 declare head sizes that differ from n_embd / n_head.
+        head = self.n_embd // max(1, self.n_head)
+        k = int(self.meta(f"{self.architecture}.attention.key_length") or head)
+        v = int(self.meta(f"{self.architecture}.attention.value_length") or head)
+        return self.n_layer * self.n_head_kv * (k + v) * 2
+
+    # -- text <-> tokens ------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        """Token ids of `text`. add_special adds BOS when the model wants one;
+        parse_special turns "<|im_start|>" and friends into their control tokens."""
+        if not isinstance(text, str):
+            raise InvalidRequest(f"tokenize expects str, got {type(text).__name__}")
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        with self._lock:
+            vocab = self.vocab_handle
+            while True:
+                out = (C.llama_token * cap)()
+                n = C.llama_tokenize(vocab, raw, len(raw), out, cap, add_special, parse_special)
+                if n >= 0:
+                    return list(out[:n])
+                cap = -n
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        self.check_tokens((token,))
+        buf = ctypes.create_string_buffer(64)
+        with self._lock:
+            vocab = self.vocab_handle
+            n = C.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens, *, special: bool = False) -> str:
+        """Whole-sequence detokenization (not for streaming: see TextStream)."""
+        tokens = list(tokens)
+        self.check_tokens(tokens)
+        if not tokens:
+            return ""
+        arr = (C.llama_token * len(tokens))(*tokens)
+        cap = len(tokens) * 8 + 16
+        with self._lock:
+            vocab = self.vocab_handle
+            while True:
+                buf = ctypes.create_string_buffer(cap)
+                n = C.llama_detokenize(vocab, arr, len(tokens), buf, cap, False, special)
+                if n >= 0:
+                    return buf.raw[:n].decode("utf-8", "replace")
+                cap = -n
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab_handle, token))
+
+    def check_tokens(self, tokens) -> None:
+        """Raise unless every id is in [0, n_vocab): llama_decode rejects others."""
+        n = self.n_vocab
+        for t in tokens:
+            if not isinstance(t, int) or t < 0 or t >= n:
+                raise InvalidRequest(f"token id {t!r} outside the vocabulary [0, {n})")
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the weights; refused while a context built on them is open."""
+        open_ctx = [c for c in self._contexts if not c.closed]
+        if open_ctx:
+            raise InvalidRequest(
+                f"model {os.path.basename(self.path)!r} still has {len(open_ctx)} open context(s);"
+                " close them (or their engines) first")
+        with self._lock:
+            if self._model is not None:
+                C.llama_model_free(self._model)
+                self._model = None
+                self._vocab = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.n_params / 1e6:.0f}M params"
+        return f"LlamaModel({os.path.basename(self.path)!r}, {state})"
