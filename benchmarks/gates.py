@@ -46,17 +46,50 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def engine_cases(data):
+    """{case: (median seconds, extra_info)} for the engine suite."""
+    return {b["extra_info"]["case"]: (b["stats"]["median"], b["extra_info"])
+            for b in data["benchmarks"] if b.get("extra_info", {}).get("suite") == "engine"}
+
+
+def engine_ratio(num, den):
+    def measure(data):
+        cases = engine_cases(data)
+        if num not in cases or den not in cases:
+            return float("nan")
+        return cases[num][0] / cases[den][0]
+    return measure
+
+
+def kv_sharing_efficiency(data):
+    info = engine_cases(data).get("batched", (0, {}))[1]
+    if not info.get("kv_used_cells"):
+        return float("nan")
+    return info["kv_ideal_cells"] / info["kv_used_cells"]
+
+
 # name, how to measure, op, threshold
 GATES = [
     ("codec_decode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "decode").values()),
      ">=", 20.0),
     ("codec_encode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "encode").values()),
      ">=", 20.0),
+    ("engine_batched_vs_serialised", engine_ratio("serialised", "batched"), ">=", 2.5),
+    ("engine_batched_vs_prompt_cache", engine_ratio("prompt_cache", "batched"), ">=", 1.5),
+    ("engine_restore_vs_reprefill", engine_ratio("reprefill", "restore"), ">=", 50.0),
+    ("engine_kv_sharing_efficiency", kv_sharing_efficiency, ">=", 0.95),
 ]
 
 
 def report(data):
-    """The per-message table (for docs/benchmarks.md), then the gates."""
+    """The per-suite tables (for docs/benchmarks.md), then the gates."""
+    cases = engine_cases(data)
+    if cases:
+        print(f"{'engine case':16} {'median s':>9}  details")
+        for case, (median, info) in sorted(cases.items()):
+            details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
+                       if k not in ("suite", "case", "scheduler")}
+            print(f"{case:16} {median:9.3f}  {details}")
     m = medians(data, "codec")
     if m:
         print(f"{'message':24} {'op':6} {'ours µs':>9} {'official µs':>12} {'ratio':>7}")

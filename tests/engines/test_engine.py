@@ -374,3 +374,17 @@ def test_close_cancels_pending_work(smollm2_model):
         assert h.wait(5)
         assert h.finish_reason == FinishReason.CANCELLED.value
     eng.close()  # idempotent
+
+
+@pytest.mark.model
+def test_ignore_eos_generates_exactly_max_tokens(smollm2):
+    """With EOG tokens banned, a prompt that ends quickly still runs to max_tokens."""
+    prompt = chatml("Say hello.")        # SmolLM2 answers in ~24 tokens, then EOS
+    with LlamaEngine(smollm2, n_ctx=512, n_slots=1) as engine:
+        short = engine.submit(prompt, max_tokens=40)
+        short.wait(120)
+        forced = engine.submit(prompt, max_tokens=40, ignore_eos=True)
+        forced.wait(120)
+    assert short.stats.tokens_generated < 40          # the model stops by itself
+    assert forced.stats.tokens_generated == 40
+    assert forced.text.startswith(short.text)

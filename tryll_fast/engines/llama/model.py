@@ -152,6 +152,17 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab_handle, token))
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token (EOS, EOT, <end_of_turn>...). llama.cpp
+        exposes only a per-token test, so the vocabulary is scanned once."""
+        cached = getattr(self, "_eog_tokens", None)
+        if cached is None:
+            vocab = self.vocab_handle
+            cached = tuple(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(vocab, t))
+            self._eog_tokens = cached
+        return cached
+
     def check_tokens(self, tokens) -> None:
         """Raise unless every id is in [0, n_vocab): llama_decode rejects others."""
         n = self.n_vocab

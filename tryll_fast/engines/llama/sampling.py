@@ -32,6 +32,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: str | None = None  # GBNF text with a `root` rule
+    ignore_eos: bool = False    # ban end-of-generation tokens: exactly max_tokens
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -64,6 +65,8 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 bad("stop", s, "stop strings must be non-empty str")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", self.ignore_eos, "must be a bool")
         g = self.grammar
         if g is not None and (not isinstance(g, str) or not g.strip()):
             bad("grammar", self.grammar, "must be non-empty GBNF text")
@@ -88,6 +91,11 @@ class SamplerChain:
         self._chain = chain
         self._penalties = None
         try:
+            if params.ignore_eos:
+                eog = model.eog_tokens
+                biases = (C.llama_logit_bias * len(eog))(
+                    *[C.llama_logit_bias(t, float("-inf")) for t in eog])
+                self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases))
             if params.uses_penalties:
                 self._penalties = self._add(C.llama_sampler_init_penalties(
                     model.n_vocab, params.penalty_last_n, params.repeat_penalty,
