@@ -88,7 +88,7 @@ def report(data):
         print(f"{'engine case':16} {'median s':>9}  details")
         for case, (median, info) in sorted(cases.items()):
             details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
-                       if k not in ("suite", "case", "scheduler")}
+                       if k not in ("suite", "case")}
             print(f"{case:16} {median:9.3f}  {details}")
     m = medians(data, "codec")
     if m:

@@ -70,7 +70,10 @@ def test_agents_batched_shared_prefix(benchmark, engine):
     assert all(h.stats.tokens_generated == MAX_TOKENS for h in handles)
     mem = engine.memory()
     ideal = mem["prefix_cells"] + sum(s["private_cells"] for s in mem["sequences"].values())
+    st = engine.status()
     benchmark.extra_info.update(_latency_report(t0, handles, arrivals),
+                                sched_overhead_ms_per_step=st["overhead_per_step_s"] * 1e3,
+                                decode_share=st["decode_s"] / st["step_s"],
                                 kv_ideal_cells=ideal, kv_used_cells=mem["context"]["kv_cells_used"],
                                 kv_cells_unshared=sum(s["tokens"] for s in mem["sequences"].values()))
 
@@ -132,5 +135,3 @@ def test_restore(benchmark, engine):
     handles = []
     benchmark.pedantic(lambda: handles.append(engine.prefill(("solo", 0), prompt).result(600)),
                        setup=lambda: engine.evict(("solo", 0)), rounds=5, iterations=1)
-    st = engine.status()
-    benchmark.extra_info.update(scheduler=str(st)[:500])

