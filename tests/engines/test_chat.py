@@ -1,5 +1,4 @@
 """Chat templates: the model's own Jinja template, the fallback table, token spans."""
-from pathlib import Path
 
 import pytest
 
@@ -9,29 +8,8 @@ from tryll_fast.engines.llama.chat import (
 
 SMOL = "SmolLM2-135M-Instruct"
 GEMMA = "Gemma-3-270M"
-# Development fallback only: used while tests/conftest.py has no `model_file` fixture.
-_DEV_PATHS = {SMOL: "/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-              GEMMA: "/tmp/models/gemma-3-270m-q4_k_m.gguf"}
+MODEL_FIXTURE = {"smol": "smollm2", "gemma": "gemma"}   # tests/engines/conftest.py
 
-
-def _model_path(request, name):
-    try:
-        return Path(request.getfixturevalue("model_file")(name))
-    except pytest.FixtureLookupError:
-        path = Path(_DEV_PATHS[name])
-        if not path.is_file():
-            pytest.skip(f"{name} not on disk")
-        return path
-
-
-@pytest.fixture(scope="module")
-def smol_path(request):
-    return _model_path(request, SMOL)
-
-
-@pytest.fixture(scope="module")
-def gemma_path(request):
-    return _model_path(request, GEMMA)
 
 
 def _vocab_tokenizer(path):
@@ -47,13 +25,13 @@ def _vocab_tokenizer(path):
 
 
 @pytest.fixture(scope="module")
-def smol_tok(smol_path):
-    return _vocab_tokenizer(smol_path)
+def smol_tok(smollm2):
+    return _vocab_tokenizer(smollm2)
 
 
 @pytest.fixture(scope="module")
-def gemma_tok(gemma_path):
-    return _vocab_tokenizer(gemma_path)
+def gemma_tok(gemma):
+    return _vocab_tokenizer(gemma)
 
 
 CONVERSATION = [
@@ -82,8 +60,8 @@ GEMMA_EXPECTED = (
 # ---------------------------------------------------------------- model's own template
 
 @pytest.mark.model
-def test_smollm2_template_renders_chatml_exactly(smol_path):
-    f = ChatFormatter.from_gguf(smol_path)
+def test_smollm2_template_renders_chatml_exactly(smollm2):
+    f = ChatFormatter.from_gguf(smollm2)
     assert f.source == "gguf"
     assert f.render(CONVERSATION) == CHATML_EXPECTED
     assert f.render(CONVERSATION, add_generation_prompt=False) == \
@@ -93,8 +71,8 @@ def test_smollm2_template_renders_chatml_exactly(smol_path):
 
 
 @pytest.mark.model
-def test_smollm2_default_system_prompt_is_charged_to_first_message(smol_path):
-    f = ChatFormatter.from_gguf(smol_path)
+def test_smollm2_default_system_prompt_is_charged_to_first_message(smollm2):
+    f = ChatFormatter.from_gguf(smollm2)
     text = f.render([{"role": "user", "content": "Hi"}])
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     spans = f.message_spans([{"role": "user", "content": "Hi"}])
@@ -102,16 +80,16 @@ def test_smollm2_default_system_prompt_is_charged_to_first_message(smol_path):
 
 
 @pytest.mark.model
-def test_from_llama_model_reads_the_same_template(smol_path, smol_tok):
-    a = ChatFormatter.from_gguf(smol_path)
+def test_from_llama_model_reads_the_same_template(smollm2, smol_tok):
+    a = ChatFormatter.from_gguf(smollm2)
     b = ChatFormatter.from_llama_model(smol_tok.llm._model.model)
     assert a.template_source == b.template_source
     assert b.render(CONVERSATION) == CHATML_EXPECTED
 
 
 @pytest.mark.model
-def test_gguf_header_reader_resolves_special_tokens(smol_path):
-    meta = read_gguf_metadata(smol_path)
+def test_gguf_header_reader_resolves_special_tokens(smollm2):
+    meta = read_gguf_metadata(smollm2)
     assert meta["general.architecture"] == "llama"
     assert meta["tokenizer.ggml.eos_token"] == "<|im_end|>"
     assert meta["tokenizer.ggml.tokens"][0] == "array"
@@ -120,8 +98,8 @@ def test_gguf_header_reader_resolves_special_tokens(smol_path):
 # ---------------------------------------------------------------- fallback table
 
 @pytest.mark.model
-def test_gemma_base_model_uses_the_turn_format_fallback(gemma_path):
-    f = ChatFormatter.from_gguf(gemma_path)
+def test_gemma_base_model_uses_the_turn_format_fallback(gemma):
+    f = ChatFormatter.from_gguf(gemma)
     assert f.source == "fallback:gemma-turns"
     assert "loosely" in f.note
     assert f.add_bos  # the tokenizer adds <bos>, so the text must not carry it
@@ -198,7 +176,7 @@ def test_sandbox_blocks_attribute_escapes():
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["smol", "gemma"])
 def test_token_counts_per_message_add_up_to_the_prompt(which, request):
-    path = request.getfixturevalue(f"{which}_path")
+    path = request.getfixturevalue(MODEL_FIXTURE[which])
     tokenize = request.getfixturevalue(f"{which}_tok")
     f = ChatFormatter.from_gguf(path)
     prompt = f.render(CONVERSATION)
@@ -219,7 +197,7 @@ def test_token_counts_per_message_add_up_to_the_prompt(which, request):
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["smol", "gemma"])
 def test_stable_prefix_is_stable_when_the_last_user_message_changes(which, request):
-    path = request.getfixturevalue(f"{which}_path")
+    path = request.getfixturevalue(MODEL_FIXTURE[which])
     tokenize = request.getfixturevalue(f"{which}_tok")
     f = ChatFormatter.from_gguf(path)
     other = CONVERSATION[:-1] + [{"role": "user", "content": "Sell me an axe."}]

@@ -1,5 +1,4 @@
 """Pooled embeddings through a dedicated llama.cpp context."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,27 +7,15 @@ from tryll_fast.engines.llama.embeddings import Embedder, EmbeddingError
 
 SMOL = "SmolLM2-135M-Instruct"
 GEMMA = "Gemma-3-270M"
-# Development fallback only: used while tests/conftest.py has no `model_file` fixture.
-_DEV_PATHS = {SMOL: "/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-              GEMMA: "/tmp/models/gemma-3-270m-q4_k_m.gguf"}
 DIMS = {SMOL: 576, GEMMA: 640}
 
 pytestmark = pytest.mark.model
 
 
-def _model_path(request, name):
-    try:
-        return Path(request.getfixturevalue("model_file")(name))
-    except pytest.FixtureLookupError:
-        path = Path(_DEV_PATHS[name])
-        if not path.is_file():
-            pytest.skip(f"{name} not on disk")
-        return path
-
 
 @pytest.fixture(scope="module", params=[SMOL, GEMMA])
 def embedder(request):
-    e = Embedder(_model_path(request, request.param), n_batch=64, max_tokens=32, n_seq_max=4)
+    e = Embedder(request.getfixturevalue("model_file")(request.param), n_batch=64, max_tokens=32, n_seq_max=4)
     e.model_name = request.param
     yield e
     e.close()
@@ -69,7 +56,7 @@ def test_related_pairs_score_higher_than_unrelated(embedder):
 
 @pytest.fixture(scope="module")
 def smol_embedder(request):
-    e = Embedder(_model_path(request, SMOL), n_batch=32, max_tokens=24, n_seq_max=4)
+    e = Embedder(request.getfixturevalue("model_file")(SMOL), n_batch=32, max_tokens=24, n_seq_max=4)
     yield e
     e.close()
 
@@ -99,7 +86,7 @@ def test_batches_split_by_sequence_and_token_limits(smol_embedder):
 def test_errors_and_close(request):
     with pytest.raises(EmbeddingError, match="not found"):
         Embedder("/nonexistent/model.gguf")
-    e = Embedder(_model_path(request, SMOL), max_tokens=32)
+    e = Embedder(request.getfixturevalue("model_file")(SMOL), max_tokens=32)
     with pytest.raises(TypeError):
         e.embed("not a list")
     e.close()

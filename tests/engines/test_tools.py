@@ -1,6 +1,5 @@
 """Tool calls: prompt block, JSON schema, GBNF grammar, and the output parser."""
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,23 +10,7 @@ from tryll_fast.engines.llama.tools import (
 )
 
 SMOL = "SmolLM2-135M-Instruct"
-# Development fallback only: used while tests/conftest.py has no `model_file` fixture.
-_DEV_PATHS = {SMOL: "/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
 
-
-def _model_path(request, name):
-    try:
-        return Path(request.getfixturevalue("model_file")(name))
-    except pytest.FixtureLookupError:
-        path = Path(_DEV_PATHS[name])
-        if not path.is_file():
-            pytest.skip(f"{name} not on disk")
-        return path
-
-
-@pytest.fixture(scope="module")
-def smol_path(request):
-    return _model_path(request, SMOL)
 
 
 TOOLS = [
@@ -127,9 +110,9 @@ def test_call_schema_and_parallel_array(tools, ptools):
 
 
 @pytest.fixture(scope="module")
-def smol_vocab(smol_path):
+def smol_vocab(smollm2):
     from llama_cpp import Llama
-    return Llama(str(smol_path), vocab_only=True, verbose=False)
+    return Llama(str(smollm2), vocab_only=True, verbose=False)
 
 
 def _compiles(vocab_llm, grammar_text, lazy_patterns=()):
@@ -163,16 +146,16 @@ def test_gbnf_for_three_tools_compiles_in_llama_cpp(smol_vocab, fmt, parallel):
 
 
 @pytest.mark.model
-def test_constrained_generation_yields_a_parseable_weather_call(smol_path):
+def test_constrained_generation_yields_a_parseable_weather_call(smollm2):
     from llama_cpp import Llama, LlamaGrammar
 
-    f = ChatFormatter.from_gguf(smol_path)
+    f = ChatFormatter.from_gguf(smollm2)
     ts = ToolSet([TOOLS[0]], formatter=f)
     msgs, template_tools = ts.apply(
         [{"role": "user", "content": "What's the weather in Paris?"}], "RequireCall")
     prompt = f.render(msgs, tools=template_tools)
     g = ts.grammar("RequireCall")
-    llm = Llama(str(smol_path), n_ctx=1024, n_threads=2, n_threads_batch=2, seed=1,
+    llm = Llama(str(smollm2), n_ctx=1024, n_threads=2, n_threads_batch=2, seed=1,
                 verbose=False)
     out = llm.create_completion(prompt, max_tokens=48, temperature=0.0,
                                 grammar=LlamaGrammar.from_string(g.gbnf, verbose=False),

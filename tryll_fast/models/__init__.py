@@ -10,7 +10,7 @@ from .catalog import (
     Catalog, CatalogError, ModelEntry, ModelFile, Source, default_catalog_path, load_catalog,
     parse_catalog,
 )
-from .errors import DownloadErrorCode, ModelDownloadError
+from .errors import DownloadErrorCode, ModelDownloadError, ModelError
 from .manager import (
     LoadErrorCode, LoadedModel, LoadResult, ModelLease, ModelManager, ModelManagerError,
     UnloadResult,
@@ -21,7 +21,7 @@ from .fetch import (
 )
 
 __all__ = [
-    "Catalog", "CatalogError", "DownloadErrorCode", "ModelDownloadError", "ModelEntry",
+    "Catalog", "CatalogError", "DownloadErrorCode", "ModelDownloadError", "ModelEntry", "ModelError",
     "ModelFile", "ModelStatus", "ModelStore", "ProgressCallback", "Source",
     "default_catalog_path", "delete", "ensure_model", "fetch", "load_catalog",
     "parse_catalog", "resolve_models_dir", "status",

@@ -25,14 +25,13 @@ class DownloadErrorCode(IntEnum):
     DownloadCancelled = 6006
 
 
-class ModelDownloadError(Exception):
-    """A failed fetch. `.code` is the protocol code; `.model` / `.file` say what failed."""
+class ModelError(Exception):
+    """Base of the model layer's errors: `.code` is the protocol code (an IntEnum
+    member, so the server can answer with it), `.model` names the model."""
 
-    def __init__(self, code: DownloadErrorCode, message: str, *, model: str = "",
-                 file: str = "") -> None:
-        self.code = DownloadErrorCode(code)
+    def __init__(self, code: IntEnum, message: str, *, model: str = "") -> None:
+        self.code = code
         self.model = model
-        self.file = file
         super().__init__(message)
 
     @property
@@ -41,3 +40,12 @@ class ModelDownloadError(Exception):
 
     def __str__(self) -> str:
         return f"{self.args[0]} ({int(self.code)} {self.code.name})"
+
+
+class ModelDownloadError(ModelError):
+    """A failed fetch; `.file` names the file that failed."""
+
+    def __init__(self, code: DownloadErrorCode, message: str, *, model: str = "",
+                 file: str = "") -> None:
+        super().__init__(DownloadErrorCode(code), message, model=model)
+        self.file = file

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .catalog import Catalog, ModelEntry, load_catalog
+from .errors import ModelError
 from .fetch import ModelStore, resolve_models_dir
 
 # Cap on an llm entry's context_size (its KV cache is n_ctx cells shared by all slots).
@@ -34,23 +35,14 @@ class LoadErrorCode(IntEnum):
     EngineNotAvailable = 6008       # the entry's engine (or a dependency's) is not in the build
 
 
-class ModelManagerError(Exception):
-    """A refused load. `.code` is the protocol code; `.model`, `.role`, `.engine` say what."""
+class ModelManagerError(ModelError):
+    """A refused load; `.role` and `.engine` say what could not be loaded."""
 
     def __init__(self, code: LoadErrorCode, message: str, *, model: str = "", role: str = "",
                  engine: str = "") -> None:
-        self.code = LoadErrorCode(code)
-        self.model = model
+        super().__init__(LoadErrorCode(code), message, model=model)
         self.role = role
         self.engine = engine
-        super().__init__(message)
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-    def __str__(self) -> str:
-        return f"{self.args[0]} ({int(self.code)} {self.code.name})"
 
 
 Code = LoadErrorCode
