@@ -150,7 +150,7 @@ def ref_transcript():
     return _finish(b, T.MessageBody.WireTranscriptUpdate, R.End(b))
 
 
-def _ref_object_api(value, tag):
+def _ref_object_api(value):
     """Complex messages: the official object API (XT ... Pack), as a user would."""
     obj = ref("Message").MessageT.InitFromPackedBuf(c.encode(value), 4)
 
@@ -298,4 +298,4 @@ MIX = {
 
 def ref_encoder(name):
     value_fn, ref_enc, _, _ = MIX[name]
-    return ref_enc if ref_enc is not None else _ref_object_api(value_fn(), None)
+    return ref_enc if ref_enc is not None else _ref_object_api(value_fn())

@@ -107,8 +107,7 @@ def test_latency_32_agents(benchmark, engine):
 
 
 def _one_prompt():
-    base, texts = prompts(1)
-    return texts[0]
+    return prompts(1)[1][0]
 
 
 def test_reprefill(benchmark, engine):
