@@ -11,9 +11,19 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h) \
-           $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd)
+           $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd tryll_fast/*/*/*.pyx)
 FUZZ_RUNS ?= 2000000
 PYTEST_ARGS ?=
+
+# llama-cpp-python compiles llama.cpp with -march=native. On a CPU that advertises AMX this
+# builds AMX tile kernels, and on the VMs here they fault (GPF on LDTILECFG) at the first
+# decode, so AMX is compiled out (-mno-* wins over -march=native in GCC). pip's own wheel
+# cache ignores CMAKE_ARGS, so the wheel is built once into a cache of ours, named after the
+# version and the flags, and installed from there: compiled from source once per machine.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-noamx
+LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
 
 .PHONY: test bench fuzz gen serve install clean profile-build
 
@@ -21,9 +31,16 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+$(LLAMA_WHEEL): | $(PY)
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS='-DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)"' \
+		$(PIP) wheel --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir \
+		-w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch $@
+
 # Re-install (and so recompile) only when a build input changed.
-$(STAMP): $(PY) $(SOURCES)
-	$(PIP) install --quiet -e '.[test]'
+$(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL)
+	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
