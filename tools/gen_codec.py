@@ -673,6 +673,7 @@ class Gen:
         o("def encode_root(table: Table, size_prefix: bool = False) -> bytes: ...")
         o("def decode_root(cls: type, data: Any) -> Any: ...")
         o("def peek_body_type(payload: Any) -> int: ...")
+        o("def peek_request_id(payload: Any) -> int: ...")
         o()
         for e in self.enums + self.unions:
             o(f"class {e.name}(IntEnum):")

@@ -20,5 +20,5 @@ from tryll_fast.codec._codec import (  # noqa: F401
     ENUMS, GENERATED_NAMES, MAX_FRAME, STRUCTS, TABLES, UNIONS,
     CodecError, EncodeError, FrameSplitter, FrameTooLarge, FramingError,
     MalformedMessage, Struct, Table, UnknownMessageType,
-    decode, decode_frame, decode_root, encode, encode_root, peek_body_type,
+    decode, decode_frame, decode_root, encode, encode_root, peek_body_type, peek_request_id,
 )

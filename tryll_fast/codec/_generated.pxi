@@ -277,6 +277,7 @@ class EngineKind(IntEnum):
     LlamaCpp = 0
     SherpaOnnx = 1
     Mock = 2
+    FasterWhisper = 3
 
 cdef dict _EV_EngineKind = {m.value: m for m in EngineKind}
 

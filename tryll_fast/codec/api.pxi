@@ -51,6 +51,46 @@ def peek_body_type(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
         return 0
 
 
+cdef frozenset _REQUEST_ID_TAGS = None
+
+
+def peek_request_id(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
+    """The request_id of a payload that may have failed verification, or 0.
+
+    Reads Message.body and the body table's field 0 with bounds checks only,
+    and only for body types whose field 0 is request_id (every request and
+    reply table, by convention): lets a server echo the id on a 5001/5002
+    reply to a frame it cannot otherwise use."""
+    global _REQUEST_ID_TAGS
+    cdef _Source src
+    cdef Table m, body
+    cdef Py_ssize_t p
+    cdef int tag
+    if _REQUEST_ID_TAGS is None:
+        _REQUEST_ID_TAGS = frozenset(
+            int(member) for member in MessageBody if member.value and
+            globals()[member.name].FIELDS[:1] == ("request_id",))
+    try:
+        src = _source_of(data, offset, length)
+        if src.size < 8:
+            return 0
+        m = Table.__new__(Table)
+        _bind(m, src, tf_ld_u32(src.buf))
+        p = _tfield(m, 4, 1)                      # Message.body_type
+        tag = src.buf[p] if p else 0
+        if tag not in _REQUEST_ID_TAGS:
+            return 0
+        p = _tfield(m, 6, 4)                      # Message.body
+        if p == 0:
+            return 0
+        body = Table.__new__(Table)
+        _bind(body, src, _rd_target(src, p))
+        p = _tfield(body, 4, 4)                   # field 0: request_id: uint
+        return tf_ld_u32(src.buf + p) if p else 0
+    except (CodecError, ValueError, OverflowError):
+        return 0
+
+
 def encode(body):
     """Encode a message body (e.g. `AnswerText(text="hi", ...)`) into a
     complete frame: length prefix + Message{body}. Also accepts a Message.

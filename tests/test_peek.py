@@ -1,0 +1,40 @@
+"""peek_request_id / peek_body_type: what a server can still read from a frame that failed
+verification, with bounds checks only."""
+import struct
+
+import pytest
+
+from tryll_fast import codec
+
+
+def payload(body) -> bytes:
+    return codec.encode(body)[4:]
+
+
+def test_request_id_of_valid_requests_and_replies():
+    assert codec.peek_request_id(payload(codec.ListModelsRequest(request_id=77))) == 77
+    assert codec.peek_request_id(payload(codec.Ack(request_id=2**32 - 1))) == 2**32 - 1
+    assert codec.peek_request_id(payload(codec.ListModelsRequest())) == 0
+
+
+def test_tables_without_request_id_give_zero():
+    # AnswerText's field 0 is agent_id: it must not be mistaken for a request id
+    assert codec.peek_request_id(payload(codec.AnswerText(agent_id=55, text="x"))) == 0
+    assert codec.peek_request_id(payload(codec.SetInferenceThrottle(throttle=0.5))) == 0
+
+
+def test_request_id_survives_damage_elsewhere():
+    data = bytearray(payload(codec.SetSessionLocaleRequest(request_id=31337, locale="de")))
+    at = bytes(data).rfind(b"de\x00")
+    struct.pack_into("<I", data, at - 4, 10_000)       # the string now runs past the end
+    with pytest.raises(codec.MalformedMessage):
+        codec.decode(bytes(data))
+    assert codec.peek_request_id(bytes(data)) == 31337
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 3, b"\xff" * 64, b"\x04\x00\x00\x00" * 2,
+                                  bytes(range(40))])
+def test_garbage_gives_zero(data):
+    assert codec.peek_request_id(data) == 0
+    assert codec.peek_body_type(data) in range(256)
+
