@@ -388,3 +388,52 @@ def test_ignore_eos_generates_exactly_max_tokens(smollm2):
     assert short.stats.tokens_generated < 40          # the model stops by itself
     assert forced.stats.tokens_generated == 40
     assert forced.text.startswith(short.text)
+
+
+class Gate:
+    """What the transport's Connection offers the scheduler: a `paused` flag."""
+
+    def __init__(self):
+        self.paused = False
+
+
+def test_a_paused_gate_holds_generation_back_and_others_run(engine):
+    gate = Gate()
+    gate.paused = True
+    held = engine.submit(chatml("Count to ten."), max_tokens=12, gate=gate)
+    free = engine.submit(chatml("Say hello."), max_tokens=8)
+    assert free.wait(60) and free.stats.tokens_generated > 0
+    time.sleep(0.3)
+    # prefilled and one token sampled at most, then nothing while the gate is shut
+    assert not held.done and held.stats.tokens_generated <= 1
+    before = held.stats.tokens_generated
+    time.sleep(0.3)
+    assert held.stats.tokens_generated == before
+    gate.paused = False
+    engine.wake()
+    assert held.wait(60) and held.stats.tokens_generated > before
+    alone = engine.submit(chatml("Count to ten."), max_tokens=12).result(60)
+    assert held.text == alone          # waiting changes when, never what
+
+
+def test_on_finish_runs_once_with_the_finished_handle(engine):
+    finished = []
+    done = threading.Event()
+
+    def on_finish(handle):
+        finished.append((handle.done, handle.finish_reason, handle.text))
+        done.set()
+
+    h = engine.submit(chatml("Say hi."), max_tokens=6, on_finish=on_finish)
+    assert done.wait(60) and h.wait(1)
+    assert finished == [(True, h.finish_reason, h.text)]
+    # a failing callback is logged, never takes the engine down
+    bad = engine.submit(chatml("Say hi."), max_tokens=4,
+                        on_finish=lambda _h: 1 / 0)
+    assert bad.wait(60)
+    assert engine.submit(chatml("Say hi."), max_tokens=4).result(60) is not None
+    cancelled = []
+    c = engine.submit(chatml("Tell a long story."), max_tokens=200,
+                      on_finish=lambda hh: cancelled.append(hh.finish_reason))
+    c.cancel()
+    assert c.wait(60) and cancelled == ["cancelled"]

@@ -156,7 +156,7 @@ class SlotTable:
         out = {}
         for c in self.convs.values():
             out[repr(c.key)] = {
-                "seq_id": c.seq_id, "resident": c.resident, "busy": c.busy,
+                "key": c.key, "seq_id": c.seq_id, "resident": c.resident, "busy": c.busy,
                 "tokens": len(c.tokens), "shared_cells": c.shared_len if c.resident else 0,
                 "private_cells": c.private_cells, "kv_bytes": c.private_cells * bpc,
                 "host_bytes": len(c.saved) if c.saved else 0,

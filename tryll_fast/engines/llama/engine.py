@@ -95,7 +95,7 @@ class LlamaEngine:
 
     def submit(self, prompt, *, key=None, sampling: SamplingParams | None = None,
                priority: Priority = Priority.INTERACTIVE, shared_prefix_len: int = 0,
-               on_text=None, **sampling_fields) -> RequestHandle:
+               on_text=None, on_finish=None, gate=None, **sampling_fields) -> RequestHandle:
         """Queue a generation; returns at once with a handle.
 
         prompt: text (tokenized with special tokens parsed, BOS as the model
@@ -104,7 +104,12 @@ class LlamaEngine:
         means a one-off sequence freed when done. shared_prefix_len: the
         prompt's first tokens that other conversations will repeat verbatim
         (system prompt, lore, tool schema); they become a shared prefix.
-        on_text(chunk) runs on the scheduler thread for every text chunk.
+        on_text(chunk) runs on the scheduler thread for every text chunk;
+        on_finish(handle) runs there once the request ended (any reason).
+        gate: backpressure, an object whose `paused` attribute the scheduler reads
+        before each step (a transport Connection): while it is true the request
+        samples no new token (it keeps its slot and KV); call wake() when it
+        clears.
         """
         self._check_open()
         if sampling is None:
@@ -137,9 +142,10 @@ class LlamaEngine:
         except BaseException:
             chain.free()
             raise
-        handle = RequestHandle(rid, None if anonymous else key, priority, on_text)
+        handle = RequestHandle(rid, None if anonymous else key, priority, on_text, on_finish)
         handle._wake = self._nudge
-        req = Request(handle, key, anonymous, tokens, sampling, chain, stream, shared_prefix_len)
+        req = Request(handle, key, anonymous, tokens, sampling, chain, stream, shared_prefix_len,
+                      gate)
         with self._cv:
             if self._closing:
                 chain.free()
@@ -245,6 +251,10 @@ class LlamaEngine:
         with self._cv:
             self._nudged = True
             self._cv.notify()
+
+    def wake(self) -> None:
+        """Any thread: a gate opened (or anything else worth a new step); cheap."""
+        self._nudge()
 
     def _check_open(self) -> None:
         if self._closing:

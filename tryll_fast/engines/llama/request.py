@@ -5,12 +5,15 @@ never reads from it; consumers read through a queue.SimpleQueue and an Event,
 so draining a stream never takes the scheduler's lock.
 """
 import enum
+import logging
 import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
 
 from tryll_fast.engines.llama.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 
 class Priority(enum.IntEnum):
@@ -52,13 +55,14 @@ _END = object()
 class RequestHandle:
     """Future-like view of one request: wait(), cancel(), text, tokens, stats, stream()."""
 
-    def __init__(self, request_id: int, key, priority: Priority, on_text=None):
+    def __init__(self, request_id: int, key, priority: Priority, on_text=None, on_finish=None):
         self.id = request_id
         self.key = key
         self.priority = priority
         self.stats = RequestStats()
         self.error: str | None = None
         self._on_text = on_text
+        self._on_finish = on_finish
         self._chunks: list[str] = []
         self._tokens: list[int] = []
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -136,6 +140,11 @@ class RequestHandle:
         self.error = error
         self._queue.put(_END)
         self._done.set()
+        if self._on_finish is not None:
+            try:
+                self._on_finish(self)
+            except Exception:  # a consumer's callback must not take the engine down
+                log.exception("on_finish callback of request %d failed", self.id)
 
     def __repr__(self):
         state = self.stats.finish_reason or "pending"

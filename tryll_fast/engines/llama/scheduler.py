@@ -38,11 +38,12 @@ class Request:
     """Scheduler-side state of one request (the caller sees its RequestHandle)."""
 
     __slots__ = ("handle", "key", "anonymous", "prompt", "params", "chain", "stream",
-                 "priority", "shared_prefix_len", "conv", "todo", "done", "next_token",
+                 "priority", "shared_prefix_len", "gate", "conv", "todo", "done", "next_token",
                  "register_at", "order", "finished", "t_admit", "t_prefilled", "t_first")
 
     def __init__(self, handle: RequestHandle, key, anonymous: bool, prompt: list[int],
-                 params: SamplingParams, chain: SamplerChain, stream, shared_prefix_len: int):
+                 params: SamplingParams, chain: SamplerChain, stream, shared_prefix_len: int,
+                 gate=None):
         self.handle = handle
         self.key = key
         self.anonymous = anonymous
@@ -52,6 +53,7 @@ class Request:
         self.stream = stream
         self.priority = handle.priority
         self.shared_prefix_len = shared_prefix_len
+        self.gate = gate                # .paused -> sample nothing new this step
         self.conv: Conversation | None = None
         self.todo: list[int] = []       # prompt suffix this request must decode
         self.done = 0                   # of todo
@@ -182,6 +184,8 @@ class Scheduler:
         entries, plan = [], []
         for r in active:
             if r.next_token is not None and budget > 0:
+                if r.gate is not None and r.gate.paused:
+                    continue  # its consumer is not reading: produce nothing more for now
                 entries.append((r.conv.seq_id, [r.next_token], True))
                 plan.append((r, 0))
                 budget -= 1
