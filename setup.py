@@ -39,6 +39,15 @@ extensions = [
             for f in os.listdir("tryll_fast/codec") if f.endswith(".pxi")
         ],
     ),
+    # The epoll reactor: sockets, frame extraction, outbound queues (GIL released in epoll_wait).
+    Extension(
+        "tryll_fast.transport._reactor",
+        ["tryll_fast/transport/_reactor.pyx"],
+        include_dirs=["csrc"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+        depends=["csrc/tf_codec.h", "tryll_fast/transport/system.pxd"],
+    ),
     # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
     Extension(
         "tryll_fast.engines.llama._detok",
