@@ -3,7 +3,7 @@
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make fuzz    a longer atheris campaign on the codec
 #   make gen     regenerate checked-in code from schema/
-#   make serve   (arrives with the server issue)
+#   make serve   install, fetch the default models, serve on 127.0.0.1:9100
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -13,6 +13,9 @@ STAMP  := $(VENV)/.installed
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h) \
            $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd tryll_fast/*/*/*.pyx)
 FUZZ_RUNS ?= 2000000
+# make serve: where models are fetched (shared with the tests' build/models) and extra flags
+MODELS_DIR ?= build/models
+SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
 # llama-cpp-python compiles llama.cpp with -march=native. On a CPU that advertises AMX this
@@ -69,9 +72,9 @@ profile-build: $(PY)
 	TRYLL_CYTHON_TRACE=1 $(PY) setup.py build_ext --inplace
 	rm -f $(STAMP)
 
-serve:
-	@echo "make serve arrives with the server issue (#4): the codec is all that exists yet." >&2
-	@exit 2
+serve: install
+	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR)
+	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) $(SERVE_ARGS)
 
 clean:
 	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c *.egg-info

@@ -1,13 +1,15 @@
-"""The `tryll-fast` command line: `models list`, `models fetch` (and later `serve`).
+"""The `tryll-fast` command line: `serve`, `models list|fetch|delete`.
 
 Each top-level command registers itself with `_add_<command>(subparsers)` and sets a
-handler `(args) -> exit code`, so the server issue adds `serve` beside `models` without
-touching the rest.
+handler `(args) -> exit code`.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 import time
 from typing import Sequence, TextIO
 
@@ -41,8 +43,77 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tryll-fast", description="A local server that gives game characters a mind "
                                        "and a voice.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_serve(commands)
     _add_models(commands)
     return parser
+
+
+# ----- serve -----
+
+def _add_serve(commands) -> None:
+    p = commands.add_parser(
+        "serve", help="run the server",
+        description="Run the server. Settings: flags > environment (TRYLL_*) > --config file"
+                    " > defaults; every setting is listed in docs/configuration.md.")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 9100; 0 = any free port)")
+    p.add_argument("--storage-root", metavar="DIR", help="process-wide storage root")
+    p.add_argument("--models-dir", metavar="DIR", help="where model files live")
+    p.add_argument("--catalog", metavar="FILE", help="model catalog TOML")
+    p.add_argument("--config", metavar="FILE", help="config file (.json or .toml)")
+    p.add_argument("--dev", action="store_true", default=None,
+                   help="development mode (serves DebugCommandRequest)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", choices=("text", "json"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting by its config key, e.g. transport.stall_timeout_ms=5000")
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args) -> int:
+    from tryll_fast.server import ConfigError, Server, load_config
+    from tryll_fast.server.logs import configure_logging, fields
+
+    flags = {"host": args.host, "port": args.port, "storage_root": args.storage_root,
+             "models_dir": args.models_dir, "catalog": args.catalog, "dev": args.dev,
+             "log_level": args.log_level, "log_format": args.log_format}
+    try:
+        config = load_config(flags=flags, overrides=args.set, config_file=args.config)
+    except ConfigError as exc:
+        print(f"tryll-fast: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(config.log_level, config.log_format)
+    import logging
+    log = logging.getLogger("tryll_fast.cli")
+    server = Server(config)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting without waiting", extra=fields(signal=signum))
+            os._exit(EXIT_FAILED)
+        log.info("signal received", extra=fields(signal=signal.Signals(signum).name))
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        server.start()
+    except OSError as exc:
+        log.error("cannot listen", extra=fields(host=config.host, port=config.port,
+                                                error=str(exc)))
+        server.shutdown(0)
+        return EXIT_FAILED
+    except Exception as exc:
+        log.exception("startup failed", extra=fields(error=str(exc)))
+        server.shutdown(0)
+        return EXIT_FAILED
+    while not stop.wait(0.5):
+        if server.wait_stopped(0):
+            log.error("the reactor stopped unexpectedly")
+            break
+    server.shutdown()
+    return EXIT_OK
 
 
 # ----- models -----

@@ -1,0 +1,193 @@
+"""AsyncTryllClient: the asyncio client, with the same methods as TryllClient.
+
+    client = await AsyncTryllClient.open("127.0.0.1", 9100)
+    await client.create_session(locale="en")
+    models = await client.list_models()
+    await client.close()
+
+Every request method is a coroutine; `<method>_async(...)` returns an asyncio.Future
+without awaiting it. Callbacks run on the event loop. Use it from one event loop only.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Callable
+
+from tryll_fast import codec
+from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
+from tryll_fast.client.errors import TryllError
+from tryll_fast.client.sync import DEFAULT_TIMEOUT_S, RECV_BYTES
+from tryll_fast.errors import ErrorCode
+
+
+class AsyncTryllClient(ClientCore):
+    def __init__(self, host: str = "127.0.0.1", port: int = 9100, *,
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__()
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._disconnect: list[Callable[[TryllError], None]] = []
+
+    @classmethod
+    async def open(cls, host: str = "127.0.0.1", port: int = 9100, **kw) -> "AsyncTryllClient":
+        client = cls(host, port, **kw)
+        await client.connect()
+        return client
+
+    async def connect(self) -> "AsyncTryllClient":
+        """Open the connection and read ConnectionReady (5004 on a version mismatch)."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), self.timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise TryllError(ErrorCode.ConnectionFailed,
+                             f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
+        splitter = codec.FrameSplitter()
+        first: list[bytes] = []
+        try:
+            while not first:
+                data = await asyncio.wait_for(self._reader.read(RECV_BYTES), self.timeout)
+                if not data:
+                    raise TryllError(ErrorCode.ConnectionDropped,
+                                     "the server closed the connection before ConnectionReady")
+                first = splitter.feed(data)
+            ready = check_ready(first[0])
+        except asyncio.TimeoutError:
+            self._writer.close()
+            raise TryllError(ErrorCode.Timeout,
+                             f"no ConnectionReady within {self.timeout} s") from None
+        except BaseException:
+            self._writer.close()
+            raise
+        self.server_mode = ready.mode
+        self.server_protocol_version = ready.protocol_version
+        self._task = asyncio.create_task(self._read_loop(splitter, first[1:]))
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except OSError:
+                pass
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def __aenter__(self) -> "AsyncTryllClient":
+        if self._writer is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def on_disconnect(self, callback: Callable[[TryllError], None]) -> None:
+        self._disconnect.append(callback)
+
+    async def _read_loop(self, splitter, early: list[bytes]) -> None:
+        reason = "the server closed the connection"
+        try:
+            for payload in early:
+                self._handle_payload(payload)
+            while True:
+                data = await self._reader.read(RECV_BYTES)
+                if not data:
+                    break
+                for payload in splitter.feed(data):
+                    self._handle_payload(payload)
+        except codec.FramingError as exc:
+            reason = f"the server sent a bad frame: {exc}"
+        except OSError as exc:
+            reason = "the client closed the connection" if self._closed else f"{exc}"
+        error = TryllError(ErrorCode.ConnectionDropped, f"connection dropped: {reason}")
+        self._fail_all(error)
+        for callback in self._disconnect:
+            try:
+                callback(error)
+            except Exception:
+                pass
+
+    def send_frame(self, frame: bytes) -> None:
+        if self._writer is None or self._closed or self._writer.is_closing():
+            raise TryllError(ErrorCode.ConnectionDropped, "the client is not connected")
+        self._writer.write(frame)
+
+    def set_inference_throttle(self, throttle: float) -> None:
+        """Fire-and-forget: 0 = full speed ... 1 = yield as much as possible."""
+        self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
+
+    def start(self, call: Call) -> asyncio.Future:
+        rid, future = self._register(call.what, call.on_progress)
+        try:
+            self.send_frame(codec.encode(call.build(rid)))
+        except BaseException:
+            self._forget(rid)
+            raise
+        out = self._loop.create_future()
+
+        def done(f: asyncio.Future) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
+                out.set_exception(f.exception())
+            else:
+                try:
+                    out.set_result(call.result(f.result()))
+                except BaseException as e:
+                    out.set_exception(e)
+
+        future.add_done_callback(done)
+        return out
+
+    async def wait(self, call: Call, timeout: float | None = None) -> Any:
+        future = self.start(call)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(future, limit)
+        except asyncio.TimeoutError:
+            raise TryllError(ErrorCode.Timeout,
+                             f"{call.what}: no reply within {limit} s") from None
+
+    def _new_future(self):
+        return self._loop.create_future()
+
+    def _resolve(self, future, value) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    def _fail(self, future, exc: BaseException) -> None:
+        if not future.done():
+            future.set_exception(exc)
+
+
+def _coroutine(name: str):
+    build = getattr(Calls, name)
+
+    @functools.wraps(build)
+    async def method(self, *args, timeout: float | None = None, **kwargs):
+        return await self.wait(build(self, *args, **kwargs), timeout)
+
+    @functools.wraps(build)
+    def method_async(self, *args, **kwargs) -> asyncio.Future:
+        return self.start(build(self, *args, **kwargs))
+
+    method_async.__name__ = f"{name}_async"
+    return method, method_async
+
+
+for _name in CALL_NAMES:
+    _co, _fut = _coroutine(_name)
+    setattr(AsyncTryllClient, _name, _co)
+    setattr(AsyncTryllClient, f"{_name}_async", _fut)

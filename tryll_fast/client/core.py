@@ -1,0 +1,251 @@
+"""What the blocking and the asyncio client share: request ids, reply matching, routing.
+
+A request gets a fresh request_id (1..2^32-1, wrapping, never 0) and a pending entry.
+Incoming frames whose field 0 is a request_id that is pending settle that entry: the reply
+resolves it, ErrorResponse fails it with TryllError, DownloadProgress feeds its progress
+callback and DownloadComplete ends it. Every other frame is unsolicited (NodeEvent,
+AnswerText, TurnComplete, WireTranscriptUpdate, an ErrorResponse of a failing turn, ...) and
+goes to the callbacks registered with `on(MessageType, fn)` (and `on_any`).
+
+The workflow issue adds agents on top of this: frames carrying an agent_id are routed to
+that agent's proxy first (its turn stream, paused and tool-call callbacks), and each proxy
+serialises its own SendMessage turns.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from tryll_fast import PROTOCOL_VERSION, codec
+from tryll_fast.client.errors import TryllError
+from tryll_fast.errors import ErrorCode
+
+log = logging.getLogger("tryll_fast.client")
+
+_MAX_REQUEST_ID = 0xFFFFFFFF
+
+
+@dataclass
+class Pending:
+    future: Any
+    what: str
+    on_progress: Callable[[Any], None] | None = None
+
+
+def check_ready(payload: bytes) -> Any:
+    """The server's first frame must be ConnectionReady of our protocol version (5004)."""
+    msg = codec.decode(payload)
+    body = msg.body
+    if not isinstance(body, codec.ConnectionReady):
+        raise TryllError(ErrorCode.MalformedMessage,
+                         f"expected ConnectionReady first, got {type(body).__name__}")
+    if body.protocol_version != PROTOCOL_VERSION:
+        raise TryllError(ErrorCode.ProtocolVersionMismatch,
+                         f"the server speaks protocol version {body.protocol_version}; this "
+                         f"client speaks version {PROTOCOL_VERSION}")
+    return body
+
+
+def session_request(rid: int, locale: str, engines: Iterable[tuple[int, int]],
+                    placement_hints: Mapping[str, int] | None):
+    config = None
+    engines = list(engines)
+    if engines or placement_hints:
+        config = codec.ModelConfig(
+            engines=[codec.EngineHint(role=r, engine=e) for r, e in engines],
+            placement_hints=[codec.PlacementHint(model_name=n, placement=p)
+                             for n, p in (placement_hints or {}).items()])
+    return codec.CreateSessionRequest(request_id=rid, locale=locale, model_config=config)
+
+
+class ClientCore:
+    """Bookkeeping only: no sockets, no threads. Subclasses provide the futures."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, Pending] = {}
+        self._pending_lock = threading.Lock()
+        self._next_id = 0
+        self._callbacks: dict[type, list[Callable[[Any], None]]] = {}
+        self._any: list[Callable[[Any], None]] = []
+        self._dropped: TryllError | None = None   # set once the connection has ended
+        self.session_id = 0
+        self.server_mode = ""
+        self.server_protocol_version = 0
+
+    # ---- subclass hooks ----
+
+    def _new_future(self):
+        raise NotImplementedError
+
+    def _resolve(self, future, value) -> None:
+        raise NotImplementedError
+
+    def _fail(self, future, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    # ---- callbacks ----
+
+    def on(self, message_type: type, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call `callback(body)` for every unsolicited frame of this type (e.g.
+        codec.NodeEvent). Returns a function that unregisters it."""
+        if message_type not in codec.TABLES:
+            raise TypeError(f"{message_type!r} is not a message table of the schema")
+        self._callbacks.setdefault(message_type, []).append(callback)
+        return lambda: self._callbacks.get(message_type, []).remove(callback)
+
+    def on_any(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call `callback(body)` for every unsolicited frame."""
+        self._any.append(callback)
+        return lambda: self._any.remove(callback)
+
+    # ---- requests ----
+
+    def _register(self, what: str, on_progress=None) -> tuple[int, Any]:
+        future = self._new_future()
+        with self._pending_lock:
+            if self._dropped is not None:
+                raise TryllError(self._dropped.code, self._dropped.message)
+            while True:
+                self._next_id = self._next_id % _MAX_REQUEST_ID + 1
+                if self._next_id not in self._pending:
+                    break
+            rid = self._next_id
+            self._pending[rid] = Pending(future, what, on_progress)
+        return rid, future
+
+    def _forget(self, rid: int) -> None:
+        with self._pending_lock:
+            self._pending.pop(rid, None)
+
+    def _fail_all(self, exc: TryllError) -> None:
+        with self._pending_lock:
+            self._dropped = exc
+            pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            self._fail(entry.future, exc)
+
+    # ---- incoming frames ----
+
+    def _handle_payload(self, payload: bytes) -> None:
+        try:
+            body = codec.decode(payload).body
+        except codec.CodecError as exc:
+            log.error("undecodable frame from the server: %s", exc)
+            return
+        if body is None:
+            return
+        rid = body.request_id if type(body).FIELDS[:1] == ("request_id",) else 0
+        if rid:
+            with self._pending_lock:
+                entry = self._pending.get(rid)
+                final = entry is not None and not isinstance(body, codec.DownloadProgress)
+                if final:
+                    del self._pending[rid]
+            if entry is not None:
+                self._settle(entry, body)
+                return
+        self._unsolicited(body)
+
+    def _settle(self, entry: Pending, body) -> None:
+        if isinstance(body, codec.ErrorResponse):
+            self._fail(entry.future, TryllError(body.code, body.message))
+        elif isinstance(body, codec.DownloadProgress):
+            if entry.on_progress is not None:
+                try:
+                    entry.on_progress(body)
+                except Exception:
+                    log.exception("download progress callback failed")
+        elif isinstance(body, codec.DownloadComplete) and not body.success:
+            self._fail(entry.future, TryllError(body.error_code, body.message))
+        else:
+            self._resolve(entry.future, body)
+
+    def _unsolicited(self, body) -> None:
+        for callback in list(self._callbacks.get(type(body), ())) + list(self._any):
+            try:
+                callback(body)
+            except Exception:
+                log.exception("callback for %s failed", type(body).__name__)
+
+
+@dataclass
+class Call:
+    """One request: how to build it for a request_id, and what the caller gets back."""
+    what: str
+    build: Callable[[int], Any]
+    result: Callable[[Any], Any] = lambda reply: reply
+    on_progress: Callable[[Any], None] | None = None
+
+
+def _none(reply) -> None:
+    return None
+
+
+class Calls:
+    """The request methods, written once: TryllClient wraps each so it blocks for the
+    result, AsyncTryllClient so it is awaited. Names and arguments are the same on both."""
+
+    def create_session(self, locale: str = "", engines: Iterable[tuple[int, int]] = (),
+                       placement_hints: Mapping[str, int] | None = None) -> Call:
+        """Create this connection's session (once). engines: (ModelRole, EngineKind) pairs
+        the session expects to use; placement_hints: model name -> MemoryPlacement.
+        Returns the session id."""
+        def result(reply) -> int:
+            self.session_id = reply.session_id
+            return reply.session_id
+        return Call("CreateSessionRequest",
+                    lambda rid: session_request(rid, locale, engines, placement_hints), result)
+
+    def set_session_locale(self, locale: str) -> Call:
+        """Change the session's BCP-47 locale ("" clears it)."""
+        return Call("SetSessionLocaleRequest",
+                    lambda rid: codec.SetSessionLocaleRequest(request_id=rid, locale=locale),
+                    _none)
+
+    def list_models(self) -> Call:
+        """Every non-hidden catalog model (ModelInfo views)."""
+        return Call("ListModelsRequest", lambda rid: codec.ListModelsRequest(request_id=rid),
+                    lambda reply: list(reply.models))
+
+    def download_model(self, name: str, on_progress: Callable[[Any], None] | None = None
+                       ) -> Call:
+        """Download a catalog model; on_progress(DownloadProgress) runs on the reader
+        thread (the event loop for the asyncio client). Raises TryllError (6xxx) on failure."""
+        return Call("DownloadModelRequest",
+                    lambda rid: codec.DownloadModelRequest(request_id=rid, model_name=name),
+                    _none, on_progress)
+
+    def load_model(self, name: str, placement: int = 0) -> Call:
+        """Load and pin a model; returns the LoadModelResponse (what actually happened)."""
+        return Call("LoadModelRequest",
+                    lambda rid: codec.LoadModelRequest(request_id=rid, model_name=name,
+                                                       placement=placement))
+
+    def unload_model(self, name: str) -> Call:
+        """Unpin a model this session loaded; returns the Ack's warning ("" normally)."""
+        return Call("UnloadModelRequest",
+                    lambda rid: codec.UnloadModelRequest(request_id=rid, model_name=name),
+                    lambda reply: reply.warning)
+
+    def delete_model(self, name: str) -> Call:
+        """Delete a downloaded model's files; returns the Ack's warning."""
+        return Call("DeleteModelRequest",
+                    lambda rid: codec.DeleteModelRequest(request_id=rid, model_name=name),
+                    lambda reply: reply.warning)
+
+    def get_memory_consumption(self) -> Call:
+        """The server-wide memory snapshot (GetMemoryConsumptionResponse)."""
+        return Call("GetMemoryConsumptionRequest",
+                    lambda rid: codec.GetMemoryConsumptionRequest(request_id=rid))
+
+    def debug_command(self, command: str, *args: str) -> Call:
+        """A development-only command (servers started with --dev); returns its output."""
+        return Call("DebugCommandRequest",
+                    lambda rid: codec.DebugCommandRequest(request_id=rid, command=command,
+                                                          args=[str(a) for a in args]),
+                    lambda reply: reply.output)
+
+
+CALL_NAMES = tuple(name for name in vars(Calls) if not name.startswith("_"))

@@ -1,0 +1,216 @@
+"""TryllClient: the blocking client, with one reader thread per connection.
+
+    with TryllClient("127.0.0.1", 9100) as client:      # connects, checks the version
+        client.create_session(locale="en")
+        for model in client.list_models():
+            print(model.name, model.status)
+
+Every request method blocks until its reply (or raises TryllError); `<method>_async(...)`
+returns a concurrent.futures.Future instead. Callbacks (`on`, `on_any`, download progress)
+run on the reader thread, so they must not block on a reply: a blocking call made there
+raises ReaderThreadError instead of deadlocking; use the `_async` variant.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import socket
+import threading
+from typing import Any, Callable
+
+from tryll_fast import codec
+from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
+from tryll_fast.client.errors import ReaderThreadError, TryllError
+from tryll_fast.errors import ErrorCode
+
+DEFAULT_TIMEOUT_S = 30.0
+RECV_BYTES = 256 * 1024
+
+
+class TryllClient(ClientCore):
+    def __init__(self, host: str = "127.0.0.1", port: int = 9100, *,
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__()
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._disconnect: list[Callable[[TryllError], None]] = []
+
+    # ---- connection ----
+
+    def connect(self) -> "TryllClient":
+        """Open the socket and read ConnectionReady (5004 on a version mismatch)."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except OSError as exc:
+            raise TryllError(ErrorCode.ConnectionFailed,
+                             f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        splitter = codec.FrameSplitter()
+        try:
+            first: list[bytes] = []
+            while not first:
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    raise TryllError(ErrorCode.ConnectionDropped,
+                                     "the server closed the connection before ConnectionReady")
+                first = splitter.feed(data)
+            ready = check_ready(first[0])
+        except socket.timeout:
+            sock.close()
+            raise TryllError(ErrorCode.Timeout,
+                             f"no ConnectionReady within {self.timeout} s") from None
+        except BaseException:
+            sock.close()
+            raise
+        self.server_mode = ready.mode
+        self.server_protocol_version = ready.protocol_version
+        sock.settimeout(None)
+        self._sock = sock
+        self._reader = threading.Thread(target=self._read_loop, args=(splitter, first[1:]),
+                                        name=f"tryll-client-{self.port}", daemon=True)
+        self._reader.start()
+        return self
+
+    def close(self) -> None:
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self._reader is not None and threading.current_thread() is not self._reader:
+            self._reader.join(5)
+
+    def __enter__(self) -> "TryllClient":
+        if self._sock is None:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def on_disconnect(self, callback: Callable[[TryllError], None]) -> None:
+        """callback(error) once the connection ends (1002), on the reader thread."""
+        self._disconnect.append(callback)
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None and not self._closed and (
+            self._reader is not None and self._reader.is_alive())
+
+    def _read_loop(self, splitter, early: list[bytes]) -> None:
+        sock = self._sock
+        reason = "the server closed the connection"
+        try:
+            for payload in early:
+                self._handle_payload(payload)
+            while True:
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    break
+                for payload in splitter.feed(data):
+                    self._handle_payload(payload)
+        except codec.FramingError as exc:
+            reason = f"the server sent a bad frame: {exc}"
+        except OSError as exc:
+            reason = "the client closed the connection" if self._closed else f"{exc}"
+        error = TryllError(ErrorCode.ConnectionDropped, f"connection dropped: {reason}")
+        self._fail_all(error)
+        for callback in self._disconnect:
+            try:
+                callback(error)
+            except Exception:
+                pass
+
+    # ---- sending ----
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send one encoded frame (thread-safe)."""
+        sock = self._sock
+        if sock is None or self._closed:
+            raise TryllError(ErrorCode.ConnectionDropped, "the client is not connected")
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+        except OSError as exc:
+            raise TryllError(ErrorCode.ConnectionDropped, f"send failed: {exc}") from None
+
+    def set_inference_throttle(self, throttle: float) -> None:
+        """Fire-and-forget: 0 = full speed ... 1 = yield as much as possible."""
+        self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
+
+    def start(self, call: Call) -> concurrent.futures.Future:
+        """Send a Call; its future resolves to the call's result."""
+        rid, future = self._register(call.what, call.on_progress)
+        try:
+            self.send_frame(codec.encode(call.build(rid)))
+        except BaseException:
+            self._forget(rid)
+            raise
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            try:
+                out.set_result(call.result(f.result()))
+            except BaseException as e:
+                out.set_exception(e)
+
+        future.add_done_callback(done)
+        return out
+
+    def wait(self, call: Call, timeout: float | None = None) -> Any:
+        if self._reader is not None and threading.current_thread() is self._reader:
+            raise ReaderThreadError(
+                f"{call.what}: a blocking call on the client's reader thread (inside a "
+                "callback) would wait forever for a reply that thread must read; use the "
+                "_async variant")
+        future = self.start(call)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except concurrent.futures.TimeoutError:
+            raise TryllError(ErrorCode.Timeout,
+                             f"{call.what}: no reply within {limit} s") from None
+
+    # ---- ClientCore futures ----
+
+    def _new_future(self):
+        return concurrent.futures.Future()
+
+    def _resolve(self, future, value) -> None:
+        future.set_result(value)
+
+    def _fail(self, future, exc: BaseException) -> None:
+        future.set_exception(exc)
+
+
+def _blocking(name: str):
+    build = getattr(Calls, name)
+
+    @functools.wraps(build)
+    def method(self, *args, timeout: float | None = None, **kwargs):
+        return self.wait(build(self, *args, **kwargs), timeout)
+
+    @functools.wraps(build)
+    def method_async(self, *args, **kwargs) -> concurrent.futures.Future:
+        return self.start(build(self, *args, **kwargs))
+
+    method_async.__name__ = f"{name}_async"
+    return method, method_async
+
+
+for _name in CALL_NAMES:
+    _sync, _async = _blocking(_name)
+    setattr(TryllClient, _name, _sync)
+    setattr(TryllClient, f"{_name}_async", _async)

@@ -1,0 +1,349 @@
+"""Server configuration: one table of settings, four sources, one precedence.
+
+flags > environment > config file > defaults. Every setting has a dotted key (the name in
+the config file), an environment variable (`TRYLL_` + the key in upper case, dots as
+underscores) and, for the common ones, a command-line flag; any setting can also be given on
+the command line as `--set key=value`. The config file is JSON (`.json`) or TOML (`.toml`),
+nested sections or dotted keys. An unknown key or a bad value is a `ConfigError` naming the
+source, the key and the constraint. docs/configuration.md lists every setting (a test keeps
+the two in step).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from tryll_fast.models.fetch import resolve_models_dir
+
+ENV_PREFIX = "TRYLL_"
+ENV_CONFIG = "TRYLL_CONFIG"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(ValueError):
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source = source
+        self.key = key
+        super().__init__(f"config: {source}: {key}: {problem}" if key else
+                         f"config: {source}: {problem}")
+
+
+def default_storage_root() -> Path:
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "tryll_fast" / "storage"
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    kind: str                 # int | float | bool | str | path | list
+    default: Any              # a value, or a zero-argument callable for computed defaults
+    doc: str
+    flag: str | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper().replace(".", "_")
+
+    @property
+    def attr(self) -> str:
+        return self.key.replace(".", "_")
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+    def parse(self, raw: Any, source: str) -> Any:
+        """A value from a file (typed) or from the environment / a flag (a string)."""
+        def bad(problem: str) -> ConfigError:
+            return ConfigError(source, self.key, problem)
+
+        value: Any
+        if self.kind == "bool":
+            if isinstance(raw, bool):
+                value = raw
+            elif isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
+                value = raw.strip().lower() in _TRUE
+            else:
+                raise bad(f"expected true or false, got {raw!r}")
+        elif self.kind == "int":
+            if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                raise bad(f"expected an integer, got {raw!r}")
+            try:
+                value = int(raw)
+            except ValueError:
+                raise bad(f"expected an integer, got {raw!r}") from None
+        elif self.kind == "float":
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise bad(f"expected a number, got {raw!r}")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise bad(f"expected a number, got {raw!r}") from None
+            if not math.isfinite(value):
+                raise bad(f"must be finite, got {raw!r}")
+        elif self.kind == "list":
+            if isinstance(raw, str):
+                value = tuple(x.strip() for x in raw.split(",") if x.strip())
+            elif isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
+                value = tuple(raw)
+            else:
+                raise bad(f"expected a list of strings, got {raw!r}")
+        else:  # str, path
+            if not isinstance(raw, str):
+                raise bad(f"expected a string, got {raw!r}")
+            value = raw
+            if self.kind == "path":
+                value = Path(raw).expanduser() if raw else None
+        if self.choices and value not in self.choices:
+            raise bad(f"{value!r} is not one of {', '.join(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise bad(f"{value!r} is below the minimum {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise bad(f"{value!r} is above the maximum {self.maximum:g}")
+        return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+MiB = 1 << 20
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", "str", "127.0.0.1", "address to listen on", "--host"),
+    Setting("port", "int", 9100, "TCP port (0 = any free port)", "--port", minimum=0,
+            maximum=65535),
+    Setting("storage_root", "path", default_storage_root,
+            "process-wide root for storage files and dialog saves", "--storage-root"),
+    Setting("models_dir", "path", lambda: resolve_models_dir(None),
+            "where model files live (also read by `tryll-fast models`)", "--models-dir"),
+    Setting("catalog", "path", None, "model catalog TOML (empty = the packaged catalog)",
+            "--catalog"),
+    Setting("dev", "bool", False, "development mode: DebugCommandRequest is served, "
+            "ConnectionReady.mode = \"dev\"", "--dev"),
+    Setting("log_level", "str", "info", "debug, info, warning or error", "--log-level",
+            choices=LOG_LEVELS),
+    Setting("log_format", "str", "text", "text (key=value) or json (one object per line)",
+            "--log-format", choices=LOG_FORMATS),
+    Setting("transport.send_queue_high_bytes", "int", 4 * MiB,
+            "outbound bytes queued for one connection at which its producers pause and its "
+            "requests stop being read", minimum=64 * 1024),
+    Setting("transport.send_queue_low_bytes", "int", 1 * MiB,
+            "queued bytes at which a paused connection resumes", minimum=1),
+    Setting("transport.stall_timeout_ms", "int", 30_000,
+            "a connection paused this long (the client reads nothing) is closed and its "
+            "session destroyed", minimum=1),
+    Setting("transport.max_connections", "int", 1024,
+            "connections beyond this are closed on accept", minimum=1),
+    Setting("transport.direct_send", "bool", True,
+            "a frame sent from another thread onto an empty queue is written by that thread, "
+            "unless the connection had such a write < 50 µs ago (a burst: queued for one "
+            "batched write); false: always queued and written by the reactor after an eventfd "
+            "wakeup"),
+    Setting("shutdown.deadline_ms", "int", 10_000,
+            "on SIGINT/SIGTERM, how long running turns and operations may finish before they "
+            "are cancelled", minimum=0),
+    Setting("workers.threads", "int", 4,
+            "threads for blocking work (model loads, memory snapshots, teardown)", minimum=1,
+            maximum=64),
+    Setting("workers.max_downloads", "int", 2, "model downloads running at once", minimum=1,
+            maximum=16),
+    Setting("models.preload", "list", (),
+            "models to load and pin at startup (comma-separated in the environment)"),
+    Setting("llama.max_n_ctx", "int", 4096,
+            "cap on a language model's KV cache cells (its catalog context_size is the other "
+            "bound)", minimum=256),
+    Setting("llama.n_slots", "int", 8, "conversations resident in one model's KV cache",
+            minimum=1, maximum=256),
+    Setting("llama.n_batch", "int", 512, "tokens per decode step", minimum=8),
+    Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
+            maximum=256),
+)
+SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The resolved settings (build one with load_config(); defaults live in SETTINGS)."""
+    host: str
+    port: int
+    storage_root: Path
+    models_dir: Path
+    catalog: Path | None
+    dev: bool
+    log_level: str
+    log_format: str
+    transport_send_queue_high_bytes: int
+    transport_send_queue_low_bytes: int
+    transport_stall_timeout_ms: int
+    transport_max_connections: int
+    transport_direct_send: bool
+    shutdown_deadline_ms: int
+    workers_threads: int
+    workers_max_downloads: int
+    models_preload: tuple[str, ...]
+    llama_max_n_ctx: int
+    llama_n_slots: int
+    llama_n_batch: int
+    llama_n_threads: int
+    # where each value came from: key -> "flag" | "env" | "file <path>" | "default"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.transport_send_queue_low_bytes > self.transport_send_queue_high_bytes:
+            raise ConfigError(
+                self.sources.get("transport.send_queue_low_bytes", "settings"),
+                "transport.send_queue_low_bytes",
+                f"{self.transport_send_queue_low_bytes} must be <= "
+                f"transport.send_queue_high_bytes ({self.transport_send_queue_high_bytes})")
+        if self.llama_n_batch < self.llama_n_slots:
+            raise ConfigError(self.sources.get("llama.n_batch", "settings"), "llama.n_batch",
+                              f"{self.llama_n_batch} must be >= llama.n_slots "
+                              f"({self.llama_n_slots}): each step holds a token per slot")
+
+    @property
+    def mode(self) -> str:
+        """ConnectionReady.mode."""
+        return "dev" if self.dev else "release"
+
+    def get(self, key: str) -> Any:
+        return getattr(self, SETTINGS_BY_KEY[key].attr)
+
+    def replace(self, **values: Any) -> "ServerConfig":
+        """A copy with some attributes changed (tests, benchmarks)."""
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        current.update(values)
+        return ServerConfig(**current)
+
+    def engine_options(self) -> dict[str, dict[str, Any]]:
+        """ModelManager engine_options."""
+        return {"llama-cpp": {"max_n_ctx": self.llama_max_n_ctx, "n_slots": self.llama_n_slots,
+                              "n_batch": self.llama_n_batch, "n_threads": self.llama_n_threads,
+                              "n_threads_batch": self.llama_n_threads}}
+
+
+def _check_table() -> None:
+    attrs = {f.name for f in fields(ServerConfig)} - {"sources"}
+    keys = {s.attr for s in SETTINGS}
+    assert attrs == keys, f"ServerConfig and SETTINGS disagree: {sorted(attrs ^ keys)}"
+
+
+_check_table()
+
+
+def load_config(*, flags: Mapping[str, Any] | None = None, overrides: Iterable[str] = (),
+                config_file: str | os.PathLike | None = None,
+                environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Build the configuration. flags: key -> value from argparse (None = not given);
+    overrides: "key=value" strings (`--set`); config_file: the --config path (else
+    $TRYLL_CONFIG); environ: defaults to os.environ."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    path = config_file or env.get(ENV_CONFIG) or None
+    if path:
+        for key, raw in _read_file(Path(path)).items():
+            setting = SETTINGS_BY_KEY.get(key)
+            source = f"file {path}"
+            if setting is None:
+                raise ConfigError(source, key, f"unknown setting (known: {_known()})")
+            values[key] = setting.parse(raw, source)
+            sources[key] = source
+    for setting in SETTINGS:
+        if setting.env in env and not (setting.key == "models_dir" and not env[setting.env]):
+            values[setting.key] = setting.parse(env[setting.env], f"environment {setting.env}")
+            sources[setting.key] = "env"
+    for key, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        setting = SETTINGS_BY_KEY.get(key)
+        if setting is None:
+            raise ConfigError("command line", key, "unknown setting")
+        values[key] = raw if not isinstance(raw, str) else setting.parse(raw, "command line")
+        if setting.kind == "path" and isinstance(values[key], str):
+            values[key] = Path(values[key]).expanduser()
+        sources[key] = "flag"
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ConfigError("--set", item, "expected key=value")
+        setting = SETTINGS_BY_KEY.get(key)
+        if setting is None:
+            raise ConfigError("--set", key, f"unknown setting (known: {_known()})")
+        values[key] = setting.parse(raw, "--set")
+        sources[key] = "flag"
+
+    kwargs: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.key in values:
+            kwargs[setting.attr] = values[setting.key]
+        else:
+            kwargs[setting.attr] = setting.default_value()
+            sources[setting.key] = "default"
+        if setting.kind == "path" and kwargs[setting.attr] is None and setting.default is not None:
+            kwargs[setting.attr] = setting.default_value()   # an empty path = the default
+    return ServerConfig(**kwargs, sources=sources)
+
+
+def _known() -> str:
+    return ", ".join(s.key for s in SETTINGS)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    source = f"file {path}"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            doc = json.loads(data.decode("utf-8"))
+        elif suffix == ".toml":
+            doc = tomllib.loads(data.decode("utf-8"))
+        else:
+            raise ConfigError(source, "", "the config file must end in .json or .toml")
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(source, "", f"not valid {suffix[1:].upper()}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(source, "", "the top level must be an object / table")
+    return dict(_flatten(doc))
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in doc.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and full not in SETTINGS_BY_KEY:
+            yield from _flatten(value, full + ".")
+        else:
+            yield full, value
+
+
+def describe(setting: Setting) -> str:
+    """One markdown table row (docs/configuration.md is checked against these)."""
+    default = setting.default
+    if callable(default):
+        shown = {"storage_root": "`$XDG_DATA_HOME/tryll_fast/storage`",
+                 "models_dir": "`$TRYLL_MODELS_DIR`, else `$XDG_DATA_HOME/tryll_fast/models`"
+                 }.get(setting.key, "computed")
+    elif isinstance(default, bool):
+        shown = f"`{str(default).lower()}`"
+    elif default in (None, ()):
+        shown = "empty"
+    else:
+        shown = f"`{default}`"
+    flag = f"`{setting.flag}`" if setting.flag else ""
+    return f"| `{setting.key}` | {flag} | `{setting.env}` | {shown} | {setting.doc} |"
+

@@ -1,0 +1,226 @@
+"""Model messages (SPEC §9): ListModels, DownloadModel, LoadModel, UnloadModel, DeleteModel,
+GetMemoryConsumption. Model requests are server-wide: every catalog entry names its engine.
+
+All of them touch the disk or an engine, so they run on the session's lane (LoadModel then
+UnloadModel from one client keep their order); downloads run on the download pool and stream
+DownloadProgress (at most every PROGRESS_INTERVAL_S, skipped while the client is not
+reading: each one supersedes the last) before their DownloadComplete.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tryll_fast import codec
+from tryll_fast.models import ModelDownloadError, ModelEntry, ModelStatus
+from tryll_fast.server import memory
+from tryll_fast.server.dispatch import handles
+from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.server.logs import fields
+
+log = logging.getLogger("tryll_fast.server.models")
+
+PROGRESS_INTERVAL_S = 0.1
+
+ENGINE_KINDS = {
+    "llama-cpp": codec.EngineKind.LlamaCpp,
+    "sherpa-onnx": codec.EngineKind.SherpaOnnx,
+    "mock": codec.EngineKind.Mock,
+    "faster-whisper": codec.EngineKind.FasterWhisper,
+}
+
+
+def _entry(server, name: str, field: str = "model_name") -> ModelEntry:
+    if not name:
+        raise RequestError(ErrorCode.DownloadNotAvailable, f"{field} is empty")
+    entry = server.catalog.get(name)
+    if entry is None:
+        raise RequestError(ErrorCode.DownloadNotAvailable,
+                           f"{field}: {name!r} is not in the model catalog "
+                           f"(known: {', '.join(e.name for e in server.catalog.visible())})")
+    return entry
+
+
+def model_info(server, entry: ModelEntry) -> codec.ModelInfo:
+    if server.models.is_loaded(entry.name):
+        status = codec.ModelStatus.Loaded
+    else:
+        status = codec.ModelStatus(int(server.models.store.status(entry.name)))
+    caps = entry.capabilities
+    tts = None
+    if entry.role == "tts":
+        tts = codec.TtsCapabilitiesInfo(
+            sample_rate=caps.get("sample_rate", 0),
+            supports_speed=caps.get("supports_speed", False),
+            supports_voice_description=caps.get("supports_voice_description", False),
+            supports_reference_clip=caps.get("supports_reference_clip", False),
+            expressiveness=caps.get("expressiveness", False),
+            num_speakers=caps.get("num_speakers", 0))
+    return codec.ModelInfo(
+        name=entry.name, role=entry.protocol_role, engine=ENGINE_KINDS[entry.engine],
+        status=status, size_bytes=entry.size_bytes, description=entry.description,
+        context_size=entry.context_size, languages=list(entry.languages),
+        dependencies=list(entry.dependencies), tts_capabilities=tts)
+
+
+@handles("ListModelsRequest")
+def list_models(session, req):
+    rid = req.request_id
+    server = session.server
+    session.run_blocking(rid, "ListModelsRequest", lambda: codec.ListModelsResponse(
+        request_id=rid, models=[model_info(server, e) for e in server.catalog.visible()]))
+
+
+class _Progress:
+    """The fetcher's progress callback -> DownloadProgress frames, coalesced."""
+
+    def __init__(self, session, request_id: int, name: str) -> None:
+        self.session = session
+        self.request_id = request_id
+        self.name = name
+        self.last = 0.0
+        self.state = (0, 0, "")
+        self.sent = 0
+
+    def __call__(self, done: int, total: int, current_file: str) -> None:
+        self.state = (done, total, current_file)
+        now = time.monotonic()
+        if now - self.last < PROGRESS_INTERVAL_S or self.session.conn.paused:
+            return
+        self.last = now
+        self.send()
+
+    def send(self) -> None:
+        done, total, current = self.state
+        self.sent += 1
+        self.session.send_reply(codec.DownloadProgress(
+            request_id=self.request_id, model_name=self.name, bytes_done=done,
+            bytes_total=total, current_file=current))
+
+
+@handles("DownloadModelRequest")
+def download_model(session, req):
+    rid = req.request_id
+    name = req.model_name
+    server = session.server
+    cancel = threading.Event()
+    op = session.begin_operation("download", name, cancel.set)
+
+    def complete(success: bool, code: int = 0, message: str = "") -> None:
+        session.send_reply(codec.DownloadComplete(request_id=rid, model_name=name,
+                                                  success=success, error_code=code,
+                                                  message=message))
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            store = server.models.store
+            progress = _Progress(session, rid, name)
+            try:
+                _entry(server, name)
+                already = store.is_downloaded(name)
+                store.fetch(name, progress=progress, cancel=cancel)
+            except RequestError as exc:
+                complete(False, int(exc.code), exc.message)
+                return
+            except ModelDownloadError as exc:
+                log.info("download failed", extra=fields(model=name, session=session.id,
+                                                         code=int(exc.code), error=exc.message))
+                complete(False, int(exc.code), exc.message)
+                return
+            if not already or progress.sent == 0:
+                size = sum(f.size for e in server.catalog.with_dependencies([name])
+                           for f in e.files)
+                progress.state = (progress.state[1] or size, progress.state[1] or size,
+                                  progress.state[2])
+                progress.send()     # the final 100 % frame, always
+            log.info("download complete", extra=fields(
+                model=name, session=session.id, already_downloaded=already,
+                seconds=round(time.monotonic() - t0, 3)))
+            complete(True)
+        except Exception as exc:
+            log.exception("download of %s failed", name)
+            complete(False, int(ErrorCode.DownloadFailed), f"{name}: download failed: {exc!r}")
+        finally:
+            op.finish()
+
+    try:
+        server.downloads.submit(run)
+    except RuntimeError:            # the pool is shut down: the server is stopping
+        op.finish()
+        raise RequestError(ErrorCode.ServerShuttingDown,
+                           "DownloadModelRequest refused: the server is shutting down") from None
+
+
+@handles("LoadModelRequest")
+def load_model(session, req):
+    rid = req.request_id
+    name = req.model_name
+    placement = req.placement
+    server = session.server
+    if placement == codec.MemoryPlacement.Auto:
+        placement = session.placement_hints.get(name, codec.MemoryPlacement.Auto)
+
+    def run():
+        _entry(server, name)
+        result = server.pin_for(session, name)
+        log.info("model loaded", extra=fields(
+            model=name, session=session.id, already_loaded=result.already_loaded,
+            load_ms=round(result.load_ms, 1), ram_bytes=result.ram_bytes,
+            requested_placement=int(placement)))
+        # CPU-only build: whatever was asked, the model is in host memory.
+        return codec.LoadModelResponse(
+            request_id=rid, model_name=name, engine=ENGINE_KINDS[result.engine],
+            already_loaded=result.already_loaded, placement=codec.MemoryPlacement.Ram,
+            load_ms=round(result.load_ms), ram_bytes=result.ram_bytes, vram_bytes=0,
+            loaded_dependencies=list(result.loaded_dependencies))
+
+    session.run_blocking(rid, "LoadModelRequest", run)
+
+
+@handles("UnloadModelRequest")
+def unload_model(session, req):
+    rid = req.request_id
+    name = req.model_name
+    server = session.server
+
+    def run():
+        _entry(server, name)
+        warning = server.unpin_for(session, name)
+        return codec.Ack(request_id=rid, warning=warning)
+
+    session.run_blocking(rid, "UnloadModelRequest", run)
+
+
+@handles("DeleteModelRequest")
+def delete_model(session, req):
+    rid = req.request_id
+    name = req.model_name
+    server = session.server
+
+    def run():
+        _entry(server, name)
+        removed = server.models.store.delete(name)      # 6004 while it is being fetched
+        if server.models.is_loaded(name):
+            warning = f"{name} is loaded: it stays in memory until unloaded"
+        elif not removed:
+            warning = f"{name} was not downloaded"
+        else:
+            warning = ""
+        log.info("model deleted", extra=fields(model=name, session=session.id, removed=removed))
+        return codec.Ack(request_id=rid, warning=warning)
+
+    session.run_blocking(rid, "DeleteModelRequest", run)
+
+
+@handles("GetMemoryConsumptionRequest")
+def get_memory_consumption(session, req):
+    rid = req.request_id
+    server = session.server
+    session.run_blocking(rid, "GetMemoryConsumptionRequest",
+                         lambda: memory.snapshot(server, rid, server.describe_key))
+
+
+# ModelStatus values on the wire and in the fetcher agree (Loaded is the server's own).
+assert all(int(codec.ModelStatus[s.name]) == int(s) for s in ModelStatus)

@@ -1,0 +1,56 @@
+"""Messages whose feature this build does not include yet.
+
+Each one is answered with ErrorResponse 2007 FeatureNotAvailable naming the missing feature:
+never silence, never a fake success. A feature's real handlers replace its entries here
+(the dispatch registry refuses two handlers for one message). AudioBuffer is fire-and-
+forget: it never gets a reply, so without voice input it is dropped.
+"""
+from __future__ import annotations
+
+from tryll_fast.server.dispatch import handles
+from tryll_fast.server.errors import ErrorCode, RequestError
+
+FEATURES = {
+    "agents and workflow graphs": (
+        "CreateAgentRequest", "SendMessageRequest", "DestroyAgentRequest",
+        "ChangeAgentParamRequest", "CancelRequest", "ResumeAgentRequest",
+        "UpdateAgentVariablesRequest", "GetAgentVariablesRequest",
+        "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
+        "GetAgentKvCacheStatusRequest", "AppendInteractionsRequest",
+        "RemoveInteractionsFromEndRequest", "ExportDialogRequest", "ImportDialogRequest",
+        "SaveDialogRequest", "LoadDialogRequest"),
+    "voice (speech output and voice input)": (
+        "CreateVoiceInputRequest", "BeginUtteranceRequest", "EndUtteranceRequest",
+        "CancelUtteranceRequest", "DestroyVoiceInputRequest", "SetAgentVoiceRequest",
+        "SetAgentDeliveryModeRequest"),
+    "knowledge (string storages, embedded storages, mutable knowledge bases)": (
+        "CreateStringStorageRequest", "DestroyStringStorageRequest",
+        "CreateEmbeddedStringStorageRequest", "DestroyEmbeddedStringStorageRequest",
+        "EnsureMutableKbRequest", "EnumerateMutableKbsRequest", "MutableKbWriteRequest",
+        "MutableKbDeleteRequest", "MutableKbClearRequest", "MutableKbQueryRequest",
+        "MutableKbGetRequest", "MutableKbListRequest", "MutableKbStatsRequest",
+        "ExportMutableKbRequest", "ImportMutableKbRequest", "SaveGameMemoryRequest",
+        "LoadGameMemoryRequest"),
+}
+# Requests that end work stay available during a graceful shutdown.
+_ENDS_WORK = {"CancelRequest", "DestroyAgentRequest", "DestroyVoiceInputRequest",
+              "CancelUtteranceRequest"}
+
+
+def _unavailable(name: str, feature: str):
+    def handler(session, req):
+        raise RequestError(ErrorCode.FeatureNotAvailable,
+                           f"{name} needs {feature}, which this server build does not include "
+                           "yet")
+    handler.__name__ = handler.__qualname__ = f"unavailable_{name}"
+    return handler
+
+
+for _feature, _names in FEATURES.items():
+    for _name in _names:
+        handles(_name, during_shutdown=_name in _ENDS_WORK)(_unavailable(_name, _feature))
+
+
+@handles("AudioBuffer", before_session="drop", during_shutdown=True, silent=True)
+def audio_buffer(session, msg):
+    return None     # no voice input can exist in this build, and AudioBuffer has no reply

@@ -1,0 +1,93 @@
+"""GetMemoryConsumption: one server-wide snapshot, every session, every loaded model.
+
+Rows (MemoryConsumptionEntry), one per owner and tier:
+- Model: a model's weights, tier MappedFile (llama.cpp maps the GGUF file), shared;
+- KvCache: per shared prefix (shared = true, counted once however many agents attach it),
+  per conversation sequence (its private cells), and the context's free cells, so the KvCache
+  rows of a model add up to the KV buffer it allocated;
+- EvictedKvState: conversations moved to host memory by eviction;
+- Other: frames queued for a connection that is not reading fast enough (per session).
+Tiers sum the rows; Ram's total is the machine's physical memory.
+
+Sequence keys are the engine's conversation keys; `describe_key` (set by the workflow
+layer) maps one to (session_id, agent_id, node_name, consumer_class).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from tryll_fast import codec
+
+Kind = codec.MemoryOwnerKind
+Tier = codec.MemoryTier
+Consumer = codec.InferenceConsumerClass
+
+KeyInfo = tuple[int, int, str, int]
+
+
+def _default_describe(key: Any) -> KeyInfo:
+    return 0, 0, "", int(Consumer.NotApplicable)
+
+
+def physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def snapshot(server, request_id: int,
+             describe_key: Callable[[Any], KeyInfo] = _default_describe):
+    entries: list[codec.MemoryConsumptionEntry] = []
+    for name, info in server.models.memory().items():
+        entries.append(codec.MemoryConsumptionEntry(
+            owner_kind=Kind.Model, tier=Tier.MappedFile, size_bytes=info["weights_bytes"],
+            owner_name=name, model_name=name, shared=True))
+        mem = info.get("engine_memory")
+        if not mem:
+            continue
+        ctx = mem["context"]
+        bpc = ctx["kv_bytes_per_cell"]
+        for prefix in mem["prefixes"]:
+            entries.append(codec.MemoryConsumptionEntry(
+                owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=prefix["kv_bytes"],
+                owner_name=f"shared prefix {prefix['id']} ({prefix['tokens']} tokens, "
+                           f"{prefix['refs']} attached)",
+                model_name=name, shared=True))
+        for label, seq in mem["sequences"].items():
+            session_id, agent_id, node_name, consumer = describe_key(seq.get("key"))
+            if seq["kv_bytes"]:
+                entries.append(codec.MemoryConsumptionEntry(
+                    owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=seq["kv_bytes"],
+                    consumer_class=consumer, owner_name=f"sequence {label}", model_name=name,
+                    session_id=session_id, agent_id=agent_id, node_name=node_name))
+            if seq["host_bytes"]:
+                entries.append(codec.MemoryConsumptionEntry(
+                    owner_kind=Kind.EvictedKvState, tier=Tier.Ram, size_bytes=seq["host_bytes"],
+                    consumer_class=consumer, owner_name=f"sequence {label}", model_name=name,
+                    session_id=session_id, agent_id=agent_id, node_name=node_name))
+        free_cells = max(0, ctx["kv_cells_total"] - ctx["kv_cells_used"])
+        entries.append(codec.MemoryConsumptionEntry(
+            owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=free_cells * bpc,
+            owner_name=f"free cells ({free_cells} of {ctx['kv_cells_total']})", model_name=name,
+            shared=True))
+    for session in list(server.connections):
+        queued = session.conn.queued_bytes
+        if queued:
+            entries.append(codec.MemoryConsumptionEntry(
+                owner_kind=Kind.Other, tier=Tier.Ram, size_bytes=queued,
+                owner_name="outbound frames queued", session_id=session.id))
+    used = {tier: 0 for tier in Tier}
+    for e in entries:
+        used[Tier(e.tier)] += e.size_bytes
+    tiers = [
+        codec.MemoryTierUsage(tier=Tier.Ram, used_bytes=used[Tier.Ram],
+                              total_bytes=physical_memory_bytes()),
+        codec.MemoryTierUsage(tier=Tier.Vram, used_bytes=used[Tier.Vram]),
+        codec.MemoryTierUsage(tier=Tier.MappedFile, used_bytes=used[Tier.MappedFile]),
+    ]
+    return codec.GetMemoryConsumptionResponse(
+        request_id=request_id, captured_at_ms=int(time.time() * 1000), tiers=tiers,
+        entries=entries)

@@ -1,0 +1,279 @@
+"""A session: one connection's state, its dispatch, and everything it owns.
+
+The Session is the transport's receiver for its connection: `frame_received` runs on the
+reactor thread once per frame, decodes it (verify-then-view, in C), finds the route by the
+union tag and calls the handler. Replies go through `send_reply` / `send_error`, from any
+thread. Work that blocks (model loads, memory snapshots) runs on the session's lane, one
+request at a time in arrival order, on the server's worker pool; long work (downloads,
+streams, turns) is an Operation, which shutdown waits for and teardown cancels.
+
+Teardown (`connection_lost`) frees everything the session owns: operations are cancelled,
+its model pins and throttle contribution are dropped. The agents, storages and voice inputs
+of later issues register here the same way.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from tryll_fast import codec
+from tryll_fast.models import ModelError
+from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.server.logs import fields
+
+if TYPE_CHECKING:
+    from tryll_fast.server.server import Server
+
+log = logging.getLogger("tryll_fast.server.session")
+
+
+class Operation:
+    """Long-running work a session started (a download, a stream, a turn).
+
+    `cancel()` asks it to stop (idempotent, any thread); the work calls `finish()` exactly
+    once when it is over, whatever happened.
+    """
+
+    __slots__ = ("session", "kind", "name", "_cancel", "cancelled", "done")
+
+    def __init__(self, session: "Session", kind: str, name: str,
+                 cancel: Callable[[], None] | None) -> None:
+        self.session = session
+        self.kind = kind
+        self.name = name
+        self._cancel = cancel
+        self.cancelled = False
+        self.done = threading.Event()
+
+    def cancel(self) -> None:
+        if self.cancelled or self.done.is_set():
+            return
+        self.cancelled = True
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:
+                log.exception("cancelling %s %s failed", self.kind, self.name)
+
+    def finish(self) -> None:
+        if self.done.is_set():
+            return
+        self.done.set()
+        self.session._operation_done(self)
+
+    def __repr__(self) -> str:
+        return f"<Operation {self.kind} {self.name!r} session={self.session.id}>"
+
+
+class SerialLane:
+    """Runs a session's blocking requests one at a time, in arrival order, on a shared pool.
+
+    So LoadModel then UnloadModel from one client happen in that order, while other
+    sessions' requests run in parallel on the other pool threads.
+    """
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._queue.append(job)
+            if self._running:
+                return
+            self._running = True
+        self._pool.submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    return
+                job = self._queue.popleft()
+            try:
+                job()
+            except Exception:
+                log.exception("session lane job failed")
+
+
+class Session:
+    """The receiver of one connection; see the module docstring."""
+
+    def __init__(self, server: "Server", conn) -> None:
+        self.server = server
+        self.conn = conn
+        self.id = 0                     # assigned by CreateSession; 0 = not created yet
+        self.locale = ""
+        self.engine_hints: tuple[tuple[int, int], ...] = ()
+        self.placement_hints: dict[str, int] = {}
+        self.throttle: float | None = None
+        self.closed = False
+        self.close_reason = ""
+        self.pins: set[str] = set()     # models this session pinned with LoadModel
+        self.operations: set[Operation] = set()
+        self._lock = threading.Lock()
+        self._resume_callbacks: set[Callable[[], None]] = set()
+        self.lane = SerialLane(server.workers)
+        self._routes = server.routes
+
+    @property
+    def created(self) -> bool:
+        return self.id != 0
+
+    # ---- transport callbacks (reactor thread) ----
+
+    def frame_received(self, payload: bytes) -> None:
+        try:
+            msg = codec.decode(payload)
+        except codec.UnknownMessageType as exc:
+            self.send_error(codec.peek_request_id(payload), ErrorCode.UnknownMessageType,
+                            str(exc))
+            return
+        except codec.CodecError as exc:
+            self.send_error(codec.peek_request_id(payload), ErrorCode.MalformedMessage, str(exc))
+            return
+        route = self._routes[msg.body_type]
+        body = msg.body
+        if route is None:
+            if body is None:
+                self.send_error(0, ErrorCode.MalformedMessage,
+                                "malformed message: the Message has no body")
+            else:
+                self.send_error(getattr(body, "request_id", 0), ErrorCode.UnknownMessageType,
+                                f"{type(body).__name__} is a server-to-client message; "
+                                "a client cannot send it")
+            return
+        if self.id == 0 and route.before_session != "serve":
+            if route.before_session == "reject" and not route.silent:
+                self.send_error(body.request_id, ErrorCode.SessionNotReady,
+                                f"{route.name} before CreateSessionRequest: every connection "
+                                "must create its session first")
+            return
+        if self.server.shutting_down and not route.during_shutdown:
+            if not route.silent:
+                self.send_error(body.request_id, ErrorCode.ServerShuttingDown,
+                                f"{route.name} refused: the server is shutting down")
+            return
+        try:
+            reply = route.fn(self, body)
+        except RequestError as exc:
+            self.send_error(getattr(body, "request_id", 0), exc.code, exc.message)
+        except ModelError as exc:
+            self.send_error(getattr(body, "request_id", 0), int(exc.code), exc.message)
+        except Exception as exc:
+            log.exception("handler for %s failed", route.name,
+                          extra=fields(session=self.id, connection=self.conn.id))
+            self.send_error(getattr(body, "request_id", 0), ErrorCode.InternalError,
+                            f"internal error while handling {route.name}: {exc!r}")
+        else:
+            if reply is not None:
+                self.send_reply(reply)
+
+    def writing_resumed(self) -> None:
+        for callback in list(self._resume_callbacks):
+            try:
+                callback()
+            except Exception:
+                log.exception("resume callback failed")
+
+    def connection_lost(self, reason: str) -> None:
+        self.closed = True
+        self.close_reason = reason
+        self.server.session_closed(self)
+
+    # ---- replies (any thread) ----
+
+    def send_reply(self, body) -> bool:
+        """Encode and queue one reply; a reply over 1 MiB becomes 5003 for its request."""
+        try:
+            frame = codec.encode(body)
+        except codec.FrameTooLarge as exc:
+            return self.send_error(getattr(body, "request_id", 0), ErrorCode.FrameTooLarge,
+                                   f"the reply does not fit in one frame: {exc}")
+        except codec.EncodeError as exc:
+            log.error("could not encode %s: %s", type(body).__name__, exc,
+                      extra=fields(session=self.id))
+            return self.send_error(getattr(body, "request_id", 0), ErrorCode.InternalError,
+                                   f"internal error: could not encode the reply: {exc}")
+        return self.conn.send(frame)
+
+    def send_error(self, request_id: int, code: int, message: str) -> bool:
+        frame = codec.encode(codec.ErrorResponse(request_id=request_id, code=int(code),
+                                                 message=_fit(message)))
+        return self.conn.send(frame)
+
+    def send_frame(self, frame: bytes) -> bool:
+        return self.conn.send(frame)
+
+    # ---- work that outlives the frame ----
+
+    def run_blocking(self, request_id: int, what: str, fn: Callable[[], Any]) -> None:
+        """Run fn() on this session's lane; what it returns is the reply (None = no reply).
+        RequestError / ModelError become ErrorResponse for request_id."""
+        op = self.begin_operation("request", what)
+
+        def job() -> None:
+            try:
+                if self.closed:
+                    return
+                reply = fn()
+            except RequestError as exc:
+                self.send_error(request_id, exc.code, exc.message)
+            except ModelError as exc:
+                self.send_error(request_id, int(exc.code), exc.message)
+            except Exception as exc:
+                log.exception("%s failed", what, extra=fields(session=self.id))
+                self.send_error(request_id, ErrorCode.InternalError,
+                                f"internal error while handling {what}: {exc!r}")
+            else:
+                if reply is not None:
+                    self.send_reply(reply)
+            finally:
+                op.finish()
+
+        self.lane.submit(job)
+
+    def begin_operation(self, kind: str, name: str,
+                        cancel: Callable[[], None] | None = None) -> Operation:
+        op = Operation(self, kind, name, cancel)
+        with self._lock:
+            self.operations.add(op)
+        self.server._operation_started(op)
+        if self.closed:
+            op.cancel()
+        return op
+
+    def _operation_done(self, op: Operation) -> None:
+        with self._lock:
+            self.operations.discard(op)
+        self.server._operation_finished(op)
+
+    def on_resume(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` on the reactor thread whenever the connection stops being
+        paused (backpressure); returns a function that unregisters it."""
+        self._resume_callbacks.add(callback)
+        return lambda: self._resume_callbacks.discard(callback)
+
+    def owned(self) -> dict[str, int]:
+        """What this session holds right now (teardown must bring each to 0)."""
+        with self._lock:
+            ops = collections.Counter(op.kind for op in self.operations)
+        return {"operations": sum(ops.values()), "downloads": ops.get("download", 0),
+                "streams": ops.get("stream", 0), "pins": len(self.pins),
+                "resume_callbacks": len(self._resume_callbacks),
+                "throttle": int(self.throttle is not None)}
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} conn={self.conn.id}{' closed' if self.closed else ''}>"
+
+
+def _fit(message: str, limit: int = 64 * 1024) -> str:
+    """Keep an error message well inside one frame (it may quote client input)."""
+    if len(message) <= limit:
+        return message
+    return message[:limit] + f"… ({len(message) - limit} more characters)"
