@@ -68,6 +68,23 @@ def kv_sharing_efficiency(data):
     return info["kv_ideal_cells"] / info["kv_used_cells"]
 
 
+def transport_cases(data):
+    """{(case, impl): (median seconds, extra_info)} for the transport suite."""
+    return {(b["extra_info"]["case"], b["extra_info"]["impl"]): (b["stats"]["median"],
+                                                                  b["extra_info"])
+            for b in data["benchmarks"] if b.get("extra_info", {}).get("suite") == "transport"}
+
+
+def transport_ratio(case):
+    """median(uvloop) / median(ours) for the same work."""
+    def measure(data):
+        cases = transport_cases(data)
+        if (case, "ours") not in cases or (case, "uvloop") not in cases:
+            return float("nan")
+        return cases[(case, "uvloop")][0] / cases[(case, "ours")][0]
+    return measure
+
+
 # name, how to measure, op, threshold
 GATES = [
     ("codec_decode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "decode").values()),
@@ -78,6 +95,8 @@ GATES = [
     ("engine_batched_vs_prompt_cache", engine_ratio("prompt_cache", "batched"), ">=", 1.5),
     ("engine_restore_vs_reprefill", engine_ratio("reprefill", "restore"), ">=", 50.0),
     ("engine_kv_sharing_efficiency", kv_sharing_efficiency, ">=", 0.95),
+    ("transport_rps_vs_uvloop_64conn", transport_ratio("rps_64conn"), ">=", 1.3),
+    ("transport_stream_vs_uvloop", transport_ratio("stream_100k"), ">=", 1.5),
 ]
 
 
@@ -90,6 +109,13 @@ def report(data):
             details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
                        if k not in ("suite", "case")}
             print(f"{case:16} {median:9.3f}  {details}")
+    transport = transport_cases(data)
+    if transport:
+        print(f"{'transport case':16} {'impl':13} {'median s':>9}  details")
+        for (case, impl), (median, info) in sorted(transport.items()):
+            details = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in info.items()
+                       if k not in ("suite", "case", "impl")}
+            print(f"{case:16} {impl:13} {median:9.4f}  {details}")
     m = medians(data, "codec")
     if m:
         print(f"{'message':24} {'op':6} {'ours µs':>9} {'official µs':>12} {'ratio':>7}")
