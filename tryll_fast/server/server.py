@@ -44,6 +44,15 @@ CANCEL_GRACE_S = 5.0
 CLOSE_GRACE_S = 3.0
 
 
+def _warm_llama() -> None:
+    from tryll_fast.engines.llama.model import init_backend
+    init_backend()
+
+
+# EngineKind -> backend initialisation, for the engines this build runs.
+_WARMUPS: dict[int, Callable[[], None]] = {int(codec.EngineKind.LlamaCpp): _warm_llama}
+
+
 class ThrottleBoard:
     """SetInferenceThrottle bookkeeping: the server-wide value is the maximum over the
     sessions that reported one; a session's value leaves with it."""
@@ -111,6 +120,7 @@ class Server:
         self._pins: dict[str, set[int]] = {}        # model -> ids of the sessions pinning it
         self._pin_locks: dict[str, threading.Lock] = {}   # one pin/unpin at a time per model
         self._stopped = threading.Event()
+        self._warmed: set[int] = set()
         self.teardowns = 0                          # sessions fully torn down
 
     # ---- lifecycle ----
@@ -306,6 +316,16 @@ class Server:
                 engine.set_throttle(self.throttle.effective)
             return engine
         return load
+
+    def warm_engines(self, kinds: Iterable[int]) -> None:
+        """The one effect of CreateSession's engine hints (seed 000): initialise the named
+        engines' backends now, off the reactor, instead of at the first load. Engines this
+        build does not have are ignored here; loading one of their models is 6008."""
+        for kind in kinds:
+            warm = _WARMUPS.get(kind)
+            if warm is not None and kind not in self._warmed:
+                self._warmed.add(kind)
+                self.workers.submit(warm)
 
     def engines(self) -> list[Any]:
         """The loaded engines that are still open."""

@@ -17,7 +17,8 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
+    """Load and initialise llama.cpp's backends once per process (idempotent)."""
     global _backend_ready
     with _backend_lock:
         if _backend_ready:
@@ -43,7 +44,7 @@ class LlamaModel:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise ModelLoadError(f"model file not found: {path!r}")
-        _init_backend()
+        init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap

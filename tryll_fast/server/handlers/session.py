@@ -76,6 +76,7 @@ def create_session(session, req):
     session.engine_hints = tuple(hints)
     session.placement_hints = placements
     session_id = session.server.create_session(session)
+    session.server.warm_engines({engine for _, engine in hints})
     log.info("session created", extra=fields(session=session_id, connection=session.conn.id,
                                              peer=session.conn.peer, locale=locale,
                                              engines=len(hints), placement_hints=len(placements)))
