@@ -37,9 +37,14 @@ def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _quote(value: Any) -> str:
-    text = value if isinstance(value, str) else (
-        json.dumps(value) if isinstance(value, (list, tuple, dict, bool)) or value is None
-        else str(value))
+    if isinstance(value, (list, tuple)):       # [a,b]: one token, readable, greppable
+        text = "[" + ",".join(str(v) for v in value) + "]"
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, (dict, bool)) or value is None:
+        text = json.dumps(value)
+    else:
+        text = str(value)
     if text == "" or any(c in text for c in ' "=\n\t\\'):
         return json.dumps(text, ensure_ascii=False)
     return text
