@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Callable
+from typing import Any
 
 from tryll_fast import codec
 from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
@@ -32,8 +32,6 @@ class AsyncTryllClient(ClientCore):
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
-        self._disconnect: list[Callable[[TryllError], None]] = []
 
     @classmethod
     async def open(cls, host: str = "127.0.0.1", port: int = 9100, **kw) -> "AsyncTryllClient":
@@ -91,11 +89,8 @@ class AsyncTryllClient(ClientCore):
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def on_disconnect(self, callback: Callable[[TryllError], None]) -> None:
-        self._disconnect.append(callback)
 
     async def _read_loop(self, splitter, early: list[bytes]) -> None:
-        reason = "the server closed the connection"
         try:
             for payload in early:
                 self._handle_payload(payload)
@@ -105,17 +100,10 @@ class AsyncTryllClient(ClientCore):
                     break
                 for payload in splitter.feed(data):
                     self._handle_payload(payload)
-        except codec.FramingError as exc:
-            reason = f"the server sent a bad frame: {exc}"
-        except OSError as exc:
-            reason = "the client closed the connection" if self._closed else f"{exc}"
-        error = TryllError(ErrorCode.ConnectionDropped, f"connection dropped: {reason}")
-        self._fail_all(error)
-        for callback in self._disconnect:
-            try:
-                callback(error)
-            except Exception:
-                pass
+        except (codec.FramingError, OSError) as exc:
+            self._ended(exc)
+            return
+        self._ended(None)
 
     def send_frame(self, frame: bytes) -> None:
         if self._writer is None or self._closed or self._writer.is_closing():

@@ -70,6 +70,8 @@ class ClientCore:
         self._callbacks: dict[type, list[Callable[[Any], None]]] = {}
         self._any: list[Callable[[Any], None]] = []
         self._dropped: TryllError | None = None   # set once the connection has ended
+        self._closed = False                      # close() was called
+        self._disconnect: list[Callable[[TryllError], None]] = []
         self.session_id = 0
         self.server_mode = ""
         self.server_protocol_version = 0
@@ -99,6 +101,26 @@ class ClientCore:
         """Call `callback(body)` for every unsolicited frame."""
         self._any.append(callback)
         return lambda: self._any.remove(callback)
+
+    def on_disconnect(self, callback: Callable[[TryllError], None]) -> None:
+        """callback(error) once the connection ends (1002), on the reader thread / loop."""
+        self._disconnect.append(callback)
+
+    def _ended(self, exc: BaseException | None) -> None:
+        """The read loop is over: fail every pending request (1002) and tell the callbacks."""
+        if isinstance(exc, codec.FramingError):
+            reason = f"the server sent a bad frame: {exc}"
+        elif exc is not None:
+            reason = "the client closed the connection" if self._closed else str(exc)
+        else:
+            reason = "the server closed the connection"
+        error = TryllError(ErrorCode.ConnectionDropped, f"connection dropped: {reason}")
+        self._fail_all(error)
+        for callback in self._disconnect:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("disconnect callback failed")
 
     # ---- requests ----
 

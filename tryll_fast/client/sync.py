@@ -16,7 +16,7 @@ import concurrent.futures
 import functools
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from tryll_fast import codec
 from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
@@ -37,8 +37,6 @@ class TryllClient(ClientCore):
         self._sock: socket.socket | None = None
         self._reader: threading.Thread | None = None
         self._send_lock = threading.Lock()
-        self._closed = False
-        self._disconnect: list[Callable[[TryllError], None]] = []
 
     # ---- connection ----
 
@@ -96,9 +94,6 @@ class TryllClient(ClientCore):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def on_disconnect(self, callback: Callable[[TryllError], None]) -> None:
-        """callback(error) once the connection ends (1002), on the reader thread."""
-        self._disconnect.append(callback)
 
     @property
     def connected(self) -> bool:
@@ -107,7 +102,6 @@ class TryllClient(ClientCore):
 
     def _read_loop(self, splitter, early: list[bytes]) -> None:
         sock = self._sock
-        reason = "the server closed the connection"
         try:
             for payload in early:
                 self._handle_payload(payload)
@@ -117,17 +111,10 @@ class TryllClient(ClientCore):
                     break
                 for payload in splitter.feed(data):
                     self._handle_payload(payload)
-        except codec.FramingError as exc:
-            reason = f"the server sent a bad frame: {exc}"
-        except OSError as exc:
-            reason = "the client closed the connection" if self._closed else f"{exc}"
-        error = TryllError(ErrorCode.ConnectionDropped, f"connection dropped: {reason}")
-        self._fail_all(error)
-        for callback in self._disconnect:
-            try:
-                callback(error)
-            except Exception:
-                pass
+        except (codec.FramingError, OSError) as exc:
+            self._ended(exc)
+            return
+        self._ended(None)
 
     # ---- sending ----
 

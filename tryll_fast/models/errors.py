@@ -8,21 +8,24 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from tryll_fast.errors import ErrorCode
 
-class DownloadErrorCode(IntEnum):
-    # Transfer failed or delivered the wrong bytes (network error, HTTP error other than
-    # 404/410, truncated stream, size or sha256 mismatch, pip failure, unreadable wheel).
-    DownloadFailed = 6001
-    # Nothing to fetch: unknown catalog name, unsupported source, HTTP 404/410, no such
-    # wheel on the index, wheel without the member, missing file:// path.
-    DownloadNotAvailable = 6002
-    InsufficientDiskSpace = 6003
-    # The same model is already being fetched (this process or another one).
-    DownloadAlreadyActive = 6004
-    # ensure_model(): fetching on demand failed; the underlying error is __cause__.
-    ModelAutoDownloadFailed = 6005
-    # The caller's cancel event fired; a resumable .part file is kept.
-    DownloadCancelled = 6006
+
+# The download codes are the protocol's own (tryll_fast.errors.ErrorCode, 6001-6006). What
+# each one means for a fetch:
+#   DownloadFailed 6001: the transfer failed or delivered the wrong bytes (network error, HTTP
+#       error other than 404/410, truncated stream, size or sha256 mismatch, pip failure,
+#       unreadable wheel).
+#   DownloadNotAvailable 6002: nothing to fetch: unknown catalog name, unsupported source,
+#       HTTP 404/410, no such wheel on the index, wheel without the member, missing file://.
+#   InsufficientDiskSpace 6003.
+#   DownloadAlreadyActive 6004: the same model is already being fetched (this process or
+#       another one).
+#   ModelAutoDownloadFailed 6005: ensure_model() failed to fetch on demand; the underlying
+#       error is __cause__.
+#   DownloadCancelled 6006: the caller's cancel event fired; a resumable .part file is kept.
+DownloadErrorCode = ErrorCode
+DOWNLOAD_CODES = range(int(ErrorCode.DownloadFailed), int(ErrorCode.DownloadCancelled) + 1)
 
 
 class ModelError(Exception):
@@ -47,5 +50,7 @@ class ModelDownloadError(ModelError):
 
     def __init__(self, code: DownloadErrorCode, message: str, *, model: str = "",
                  file: str = "") -> None:
-        super().__init__(DownloadErrorCode(code), message, model=model)
+        if int(code) not in DOWNLOAD_CODES:
+            raise ValueError(f"{code} is not a download error code (6001-6006)")
+        super().__init__(ErrorCode(code), message, model=model)
         self.file = file
