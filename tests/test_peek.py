@@ -38,3 +38,28 @@ def test_garbage_gives_zero(data):
     assert codec.peek_request_id(data) == 0
     assert codec.peek_body_type(data) in range(256)
 
+
+
+def test_answer_text_fast_path_is_byte_identical():
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(0, 2**64 - 1), st.text(max_size=40), st.text(max_size=300),
+           st.booleans(), st.booleans())
+    def check(agent_id, node, text, delta, final):
+        slow = codec.encode(codec.AnswerText(agent_id=agent_id, node_name=node, text=text,
+                                             is_delta=delta, is_final=final))
+        assert codec.encode_answer_text(agent_id, node, text, delta, final) == slow
+
+    check()
+    with pytest.raises(codec.FrameTooLarge):
+        codec.encode_answer_text(1, "n", "x" * (1 << 20), True, False)
+
+
+def test_structural_fields_come_from_the_schema():
+    assert codec.GenerateParams.STRUCTURAL == {"model_name", "input", "context_size", "context",
+                                              "default_exit", "adaptation"}
+    assert "sampling" not in codec.ToolCallParams.STRUCTURAL
+    assert {"tools", "pause_timeout_ms", "tool_called_exit"} <= codec.ToolCallParams.STRUCTURAL
+    assert codec.SamplingOverrides.STRUCTURAL == {"max_tokens"}
+    assert codec.AnswerText.STRUCTURAL == frozenset()

@@ -313,6 +313,8 @@ class Gen:
         o(f"FIELDS = ({''.join(repr(f.name) + ', ' for f in fields)})", 1)
         o(f"UNION_FIELDS = frozenset(({''.join(repr(f.name) + ', ' for f in fields if f.type.kind == 'union')}))", 1)
         o(f"_VOFFSETS = ({''.join(str(f.voffset) + ', ' for f in fields)})", 1)
+        # Fields marked `(structural)`: fixed at CreateAgent (ChangeAgentParam -> 3006).
+        o(f"STRUCTURAL = frozenset(({''.join(repr(f.name) + ', ' for f in fields if 'structural' in f.attrs)}))", 1)
         o()
         if fields:
             o(f"def __init__(self, *, {', '.join(f.name + '=None' for f in fields)}):", 1)
@@ -664,7 +666,8 @@ class Gen:
         for name in ("MalformedMessage", "UnknownMessageType", "FrameTooLarge", "FramingError"):
             o(f"class {name}(CodecError): ...")
         o("class EncodeError(CodecError, TypeError): ...")
-        o("class Table:\n    FIELDS: tuple[str, ...]\n    is_view: bool\n    def to_dict(self) -> dict[str, Any]: ...")
+        o("class Table:\n    FIELDS: tuple[str, ...]\n    STRUCTURAL: frozenset[str]\n"
+          "    is_view: bool\n    def to_dict(self) -> dict[str, Any]: ...")
         o("class Struct:\n    FIELDS: tuple[str, ...]\n    def to_tuple(self) -> tuple: ...")
         o("class FrameSplitter:\n    pending: int\n    def feed(self, data: bytes) -> list[bytes]: ...")
         o("def decode(data: Any, offset: int = 0, length: int = -1) -> Message: ...")
@@ -674,6 +677,8 @@ class Gen:
         o("def decode_root(cls: type, data: Any) -> Any: ...")
         o("def peek_body_type(payload: Any) -> int: ...")
         o("def peek_request_id(payload: Any) -> int: ...")
+        o("def encode_answer_text(agent_id: int, node_name: str, text: str, is_delta: bool,"
+          " is_final: bool) -> bytes: ...")
         o()
         for e in self.enums + self.unions:
             o(f"class {e.name}(IntEnum):")

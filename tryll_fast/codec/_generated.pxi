@@ -570,6 +570,7 @@ cdef class LocalizableText(Table):
     FIELDS = ('text', 'key', 'string_table', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, text=None, key=None, string_table=None):
         self._v_text = text
@@ -618,6 +619,7 @@ cdef class SamplingOverrides(Table):
     FIELDS = ('temperature', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'seed', 'max_tokens', 'stop', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    STRUCTURAL = frozenset(('max_tokens', ))
 
     def __init__(self, *, temperature=None, top_k=None, top_p=None, min_p=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None, max_tokens=None, stop=None):
         self._v_temperature = temperature
@@ -758,6 +760,7 @@ cdef class ContextOverrides(Table):
     FIELDS = ('kv_cache_type', 'n_gpu_layers', 'n_batch', 'n_ubatch', 'flash_attention', 'n_threads', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, kv_cache_type=None, n_gpu_layers=None, n_batch=None, n_ubatch=None, flash_attention=None, n_threads=None):
         self._v_kv_cache_type = kv_cache_type
@@ -845,6 +848,7 @@ cdef class LoraAdapter(Table):
     FIELDS = ('path', 'scale', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, path=None, scale=None):
         self._v_path = path
@@ -878,6 +882,7 @@ cdef class ModelAdaptation(Table):
     FIELDS = ('loras', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, loras=None):
         self._v_loras = loras
@@ -909,6 +914,7 @@ cdef class ToolParamDefinition(Table):
     FIELDS = ('name', 'param_type', 'description', 'required', 'enum_values', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, param_type=None, description=None, required=None, enum_values=None):
         self._v_name = name
@@ -977,6 +983,7 @@ cdef class ToolDefinition(Table):
     FIELDS = ('name', 'description', 'parameters', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, description=None, parameters=None):
         self._v_name = name
@@ -1026,6 +1033,7 @@ cdef class AttributeDefinition(Table):
     FIELDS = ('name', 'question', 'options', 'option_descriptions', 'target_variable', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, question=None, options=None, option_descriptions=None, target_variable=None):
         self._v_name = name
@@ -1105,6 +1113,7 @@ cdef class GenerateParams(Table):
     FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'default_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
+    STRUCTURAL = frozenset(('model_name', 'input', 'context_size', 'context', 'default_exit', 'adaptation', ))
 
     def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, default_exit=None, adaptation=None):
         self._v_model_name = model_name
@@ -1233,6 +1242,7 @@ cdef class CannedResponseParams(Table):
     FIELDS = ('string_storage', 'selection_strategy', 'default_exit', 'lines', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 8, 10, 12, )
+    STRUCTURAL = frozenset(('string_storage', 'default_exit', ))
 
     def __init__(self, *, string_storage=None, selection_strategy=None, default_exit=None, lines=None):
         self._v_string_storage = string_storage
@@ -1293,6 +1303,7 @@ cdef class InstructionParams(Table):
     FIELDS = ('instruction_name', 'text', 'default_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(('default_exit', ))
 
     def __init__(self, *, instruction_name=None, text=None, default_exit=None):
         self._v_instruction_name = instruction_name
@@ -1335,6 +1346,7 @@ cdef class HumanMessageGuardrailParams(Table):
     FIELDS = ('string_storage', 'patterns', 'triggered_exit', 'not_triggered_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(('string_storage', 'triggered_exit', 'not_triggered_exit', ))
 
     def __init__(self, *, string_storage=None, patterns=None, triggered_exit=None, not_triggered_exit=None):
         self._v_string_storage = string_storage
@@ -1397,6 +1409,7 @@ cdef class RetrieveParams(Table):
     FIELDS = ('embedded_string_storage', 'top_k', 'threshold', 'retrieval_mode', 'rrf_k', 'source', 'filter', 'found_exit', 'not_found_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
+    STRUCTURAL = frozenset(('embedded_string_storage', 'found_exit', 'not_found_exit', ))
 
     def __init__(self, *, embedded_string_storage=None, top_k=None, threshold=None, retrieval_mode=None, rrf_k=None, source=None, filter=None, found_exit=None, not_found_exit=None):
         self._v_embedded_string_storage = embedded_string_storage
@@ -1509,6 +1522,7 @@ cdef class ClassifyIntentParams(Table):
     FIELDS = ('embedded_string_storage', 'metadata_field', 'threshold', 'filter', 'notify_client', 'found_exit', 'not_found_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
+    STRUCTURAL = frozenset(('embedded_string_storage', 'found_exit', 'not_found_exit', ))
 
     def __init__(self, *, embedded_string_storage=None, metadata_field=None, threshold=None, filter=None, notify_client=None, found_exit=None, not_found_exit=None):
         self._v_embedded_string_storage = embedded_string_storage
@@ -1605,6 +1619,7 @@ cdef class ClassifyIntentLLMParams(Table):
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'intents_ids', 'intents_descriptions', 'threshold', 'margin', 'history_turns', 'not_found_intent', 'notify_client', 'context', 'found_exit', 'not_found_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, )
+    STRUCTURAL = frozenset(('input', 'model_name', 'context_size', 'context', 'found_exit', 'not_found_exit', 'adaptation', ))
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, intents_ids=None, intents_descriptions=None, threshold=None, margin=None, history_turns=None, not_found_intent=None, notify_client=None, context=None, found_exit=None, not_found_exit=None, adaptation=None):
         self._v_input = input
@@ -1786,6 +1801,7 @@ cdef class IntentToInstructionParams(Table):
     FIELDS = ('string_storage', 'inline_keys', 'instruction_name', 'default_exit', 'instructions', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 10, 12, 14, )
+    STRUCTURAL = frozenset(('string_storage', 'default_exit', ))
 
     def __init__(self, *, string_storage=None, inline_keys=None, instruction_name=None, default_exit=None, instructions=None):
         self._v_string_storage = string_storage
@@ -1869,6 +1885,7 @@ cdef class ToolCallParams(Table):
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'tools', 'mode', 'parallel_tool_calls', 'disposition', 'acknowledge_text', 'pause_timeout_ms', 'sampling', 'context', 'tool_called_exit', 'no_tool_called_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, )
+    STRUCTURAL = frozenset(('input', 'model_name', 'context_size', 'tools', 'pause_timeout_ms', 'context', 'tool_called_exit', 'no_tool_called_exit', 'adaptation', ))
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, tools=None, mode=None, parallel_tool_calls=None, disposition=None, acknowledge_text=None, pause_timeout_ms=None, sampling=None, context=None, tool_called_exit=None, no_tool_called_exit=None, adaptation=None):
         self._v_input = input
@@ -2044,6 +2061,7 @@ cdef class PauseParams(Table):
     FIELDS = ('pause_timeout_ms', 'default_exit', 'timeout_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(('pause_timeout_ms', 'default_exit', 'timeout_exit', ))
 
     def __init__(self, *, pause_timeout_ms=None, default_exit=None, timeout_exit=None):
         self._v_pause_timeout_ms = pause_timeout_ms
@@ -2088,6 +2106,7 @@ cdef class SpeakParams(Table):
     FIELDS = ('min_sentence_chars', 'default_exit', 'first_chunk_max_chars', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(('default_exit', ))
 
     def __init__(self, *, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None):
         self._v_min_sentence_chars = min_sentence_chars
@@ -2145,6 +2164,7 @@ cdef class GenerateAndSpeakParams(Table):
     FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'min_sentence_chars', 'default_exit', 'first_chunk_max_chars', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, )
+    STRUCTURAL = frozenset(('model_name', 'input', 'context_size', 'context', 'default_exit', 'adaptation', ))
 
     def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None, adaptation=None):
         self._v_model_name = model_name
@@ -2299,6 +2319,7 @@ cdef class WriteToMemoryParams(Table):
     FIELDS = ('mutable_kb', 'content', 'template', 'record_id', 'metadata_json', 'default_exit', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(('mutable_kb', 'default_exit', ))
 
     def __init__(self, *, mutable_kb=None, content=None, template=None, record_id=None, metadata_json=None, default_exit=None):
         self._v_mutable_kb = mutable_kb
@@ -2379,6 +2400,7 @@ cdef class SummarizeParams(Table):
     FIELDS = ('model_name', 'context_size', 'system_prompt', 'template', 'keep_recent_turns', 'trigger_turns', 'trigger_token_ratio', 'max_summary_tokens', 'context', 'default_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
+    STRUCTURAL = frozenset(('model_name', 'context_size', 'max_summary_tokens', 'context', 'default_exit', 'adaptation', ))
 
     def __init__(self, *, model_name=None, context_size=None, system_prompt=None, template=None, keep_recent_turns=None, trigger_turns=None, trigger_token_ratio=None, max_summary_tokens=None, context=None, default_exit=None, adaptation=None):
         self._v_model_name = model_name
@@ -2518,6 +2540,7 @@ cdef class ClassifyAttributesLLMParams(Table):
     FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'attributes', 'threshold', 'history_turns', 'notify_client', 'context', 'found_exit', 'not_found_exit', 'adaptation', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, )
+    STRUCTURAL = frozenset(('input', 'model_name', 'context_size', 'attributes', 'context', 'found_exit', 'not_found_exit', 'adaptation', ))
 
     def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, attributes=None, threshold=None, history_turns=None, notify_client=None, context=None, found_exit=None, not_found_exit=None, adaptation=None):
         self._v_input = input
@@ -2660,6 +2683,7 @@ cdef class NodeDescription(Table):
     FIELDS = ('name', 'params', )
     UNION_FIELDS = frozenset(('params', ))
     _VOFFSETS = (4, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, params=None):
         self._v_name = name
@@ -2709,6 +2733,7 @@ cdef class GraphDescription(Table):
     FIELDS = ('nodes', 'start_node', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, nodes=None, start_node=None):
         self._v_nodes = nodes
@@ -2749,6 +2774,7 @@ cdef class DeliveryMode(Table):
     FIELDS = ('name', 'instruction', 'speed_multiplier', 'reference_clip_path', 'reference_clip_text', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, instruction=None, speed_multiplier=None, reference_clip_path=None, reference_clip_text=None):
         self._v_name = name
@@ -2819,6 +2845,7 @@ cdef class VoiceProfile(Table):
     FIELDS = ('model_name', 'speaker_id', 'speaker_name', 'speed', 'language', 'description', 'reference_clip_path', 'reference_clip_text', 'delivery_modes', 'default_delivery_mode', 'emit_visemes', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, model_name=None, speaker_id=None, speaker_name=None, speed=None, language=None, description=None, reference_clip_path=None, reference_clip_text=None, delivery_modes=None, default_delivery_mode=None, emit_visemes=None):
         self._v_model_name = model_name
@@ -2945,6 +2972,7 @@ cdef class PersistedUserMessage(Table):
     FIELDS = ('text', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, text=None):
         self._v_text = text
@@ -2968,6 +2996,7 @@ cdef class PersistedAssistantMessage(Table):
     FIELDS = ('text', 'reasoning_content', 'truncated', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, text=None, reasoning_content=None, truncated=None):
         self._v_text = text
@@ -3015,6 +3044,7 @@ cdef class PersistedToolCall(Table):
     FIELDS = ('call_id', 'tool_name', 'arguments_json', 'disposition', 'model_call_id', 'state', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, call_id=None, tool_name=None, arguments_json=None, disposition=None, model_call_id=None, state=None):
         self._v_call_id = call_id
@@ -3087,6 +3117,7 @@ cdef class PersistedToolResult(Table):
     FIELDS = ('call_id', 'tool_name', 'result', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, call_id=None, tool_name=None, result=None):
         self._v_call_id = call_id
@@ -3127,6 +3158,7 @@ cdef class PersistedInstruction(Table):
     FIELDS = ('name', 'text', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, text=None):
         self._v_name = name
@@ -3160,6 +3192,7 @@ cdef class PersistedKnowledgeEntry(Table):
     FIELDS = ('id', 'text', 'metadata_json', 'distance', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, id=None, text=None, metadata_json=None, distance=None):
         self._v_id = id
@@ -3213,6 +3246,7 @@ cdef class PersistedKnowledge(Table):
     FIELDS = ('source', 'query', 'entries', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, source=None, query=None, entries=None):
         self._v_source = source
@@ -3259,6 +3293,7 @@ cdef class PersistedSummary(Table):
     FIELDS = ('text', 'summarized_interaction_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, text=None, summarized_interaction_count=None):
         self._v_text = text
@@ -3298,6 +3333,7 @@ cdef class PersistedComponent(Table):
     FIELDS = ('node_name', 'slot_name', 'slot_kind', 'history_role', 'producer', 'created_at_ms', 'body', )
     UNION_FIELDS = frozenset(('body', ))
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 18, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, node_name=None, slot_name=None, slot_kind=None, history_role=None, producer=None, created_at_ms=None, body=None):
         self._v_node_name = node_name
@@ -3410,6 +3446,7 @@ cdef class PersistedInteraction(Table):
     FIELDS = ('interaction_id', 'started_at_ms', 'completed_at_ms', 'outcome', 'components', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, interaction_id=None, started_at_ms=None, completed_at_ms=None, outcome=None, components=None):
         self._v_interaction_id = interaction_id
@@ -3491,6 +3528,7 @@ cdef class PersistedDialogSnapshot(Table):
     FIELDS = ('format_version', 'graph_fingerprint', 'node_names', 'locale', 'exported_at_ms', 'interactions', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, format_version=None, graph_fingerprint=None, node_names=None, locale=None, exported_at_ms=None, interactions=None):
         self._v_format_version = format_version
@@ -3576,6 +3614,7 @@ cdef class EngineHint(Table):
     FIELDS = ('role', 'engine', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, role=None, engine=None):
         self._v_role = role
@@ -3615,6 +3654,7 @@ cdef class PlacementHint(Table):
     FIELDS = ('model_name', 'placement', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, model_name=None, placement=None):
         self._v_model_name = model_name
@@ -3650,6 +3690,7 @@ cdef class ModelConfig(Table):
     FIELDS = ('engines', 'placement_hints', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, engines=None, placement_hints=None):
         self._v_engines = engines
@@ -3692,6 +3733,7 @@ cdef class VarInt(Table):
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3716,6 +3758,7 @@ cdef class VarFloat(Table):
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3740,6 +3783,7 @@ cdef class VarString(Table):
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3761,6 +3805,7 @@ cdef class VarBool(Table):
     FIELDS = ('value', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, value=None):
         self._v_value = value
@@ -3785,6 +3830,7 @@ cdef class VarStringSet(Table):
     FIELDS = ('values', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, values=None):
         self._v_values = values
@@ -3813,6 +3859,7 @@ cdef class AgentVariable(Table):
     FIELDS = ('name', 'value', )
     UNION_FIELDS = frozenset(('value', ))
     _VOFFSETS = (4, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, value=None):
         self._v_name = name
@@ -3863,6 +3910,7 @@ cdef class VariableUpdate(Table):
     FIELDS = ('name', 'op', 'value', )
     UNION_FIELDS = frozenset(('value', ))
     _VOFFSETS = (4, 6, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, op=None, value=None):
         self._v_name = name
@@ -3925,6 +3973,7 @@ cdef class ToolResult(Table):
     FIELDS = ('call_id', 'result', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, call_id=None, result=None):
         self._v_call_id = call_id
@@ -3956,6 +4005,7 @@ cdef class DialogInteraction(Table):
     FIELDS = ('user_message', 'assistant_message', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, user_message=None, assistant_message=None):
         self._v_user_message = user_message
@@ -3987,6 +4037,7 @@ cdef class KeyValue(Table):
     FIELDS = ('key', 'value', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, key=None, value=None):
         self._v_key = key
@@ -4022,6 +4073,7 @@ cdef class TtsCapabilitiesInfo(Table):
     FIELDS = ('sample_rate', 'supports_speed', 'supports_voice_description', 'supports_reference_clip', 'expressiveness', 'num_speakers', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, sample_rate=None, supports_speed=None, supports_voice_description=None, supports_reference_clip=None, expressiveness=None, num_speakers=None):
         self._v_sample_rate = sample_rate
@@ -4115,6 +4167,7 @@ cdef class ModelInfo(Table):
     FIELDS = ('name', 'role', 'engine', 'status', 'size_bytes', 'description', 'context_size', 'languages', 'dependencies', 'tts_capabilities', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, name=None, role=None, engine=None, status=None, size_bytes=None, description=None, context_size=None, languages=None, dependencies=None, tts_capabilities=None):
         self._v_name = name
@@ -4257,6 +4310,7 @@ cdef class MemoryConsumptionEntry(Table):
     FIELDS = ('owner_kind', 'tier', 'size_bytes', 'consumer_class', 'owner_name', 'model_name', 'session_id', 'agent_id', 'node_name', 'shared', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, owner_kind=None, tier=None, size_bytes=None, consumer_class=None, owner_name=None, model_name=None, session_id=None, agent_id=None, node_name=None, shared=None):
         self._v_owner_kind = owner_kind
@@ -4386,6 +4440,7 @@ cdef class MemoryTierUsage(Table):
     FIELDS = ('tier', 'used_bytes', 'total_bytes', 'budget_bytes', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, tier=None, used_bytes=None, total_bytes=None, budget_bytes=None):
         self._v_tier = tier
@@ -4450,6 +4505,7 @@ cdef class MutableKbSchema(Table):
     FIELDS = ('schema_name', 'schema_version', 'embedding_model_name', 'metadata_fields', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, schema_name=None, schema_version=None, embedding_model_name=None, metadata_fields=None):
         self._v_schema_name = schema_name
@@ -4509,6 +4565,7 @@ cdef class MutableKbInfo(Table):
     FIELDS = ('store_name', 'schema', 'live_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, store_name=None, schema=None, live_count=None):
         self._v_store_name = store_name
@@ -4554,6 +4611,7 @@ cdef class MutableKbRecord(Table):
     FIELDS = ('id', 'text', 'metadata_json', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, id=None, text=None, metadata_json=None):
         self._v_id = id
@@ -4596,6 +4654,7 @@ cdef class MutableKbWriteResult(Table):
     FIELDS = ('id', 'status', 'error_code', 'message', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, id=None, status=None, error_code=None, message=None):
         self._v_id = id
@@ -4654,6 +4713,7 @@ cdef class MutableKbHit(Table):
     FIELDS = ('id', 'text', 'metadata_json', 'distance', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, id=None, text=None, metadata_json=None, distance=None):
         self._v_id = id
@@ -4706,6 +4766,7 @@ cdef class ConnectionReady(Table):
     FIELDS = ('protocol_version', 'mode', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, protocol_version=None, mode=None):
         self._v_protocol_version = protocol_version
@@ -4741,6 +4802,7 @@ cdef class CreateSessionRequest(Table):
     FIELDS = ('request_id', 'locale', 'model_config', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, locale=None, model_config=None):
         self._v_request_id = request_id
@@ -4785,6 +4847,7 @@ cdef class CreateSessionResponse(Table):
     FIELDS = ('request_id', 'session_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, session_id=None):
         self._v_request_id = request_id
@@ -4829,6 +4892,7 @@ cdef class CreateAgentRequest(Table):
     FIELDS = ('request_id', 'graph', 'default_model_name', 'enable_diagnostics', 'maintain_dialogue_history', 'variables', 'kv_cache_initialization', 'workload', 'voice', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, graph=None, default_model_name=None, enable_diagnostics=None, maintain_dialogue_history=None, variables=None, kv_cache_initialization=None, workload=None, voice=None):
         self._v_request_id = request_id
@@ -4948,6 +5012,7 @@ cdef class CreateAgentResponse(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -4986,6 +5051,7 @@ cdef class SendMessageRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'text', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, text=None):
         self._v_request_id = request_id
@@ -5032,6 +5098,7 @@ cdef class DestroyAgentRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -5072,6 +5139,7 @@ cdef class AnswerText(Table):
     FIELDS = ('agent_id', 'node_name', 'text', 'is_delta', 'is_final', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, agent_id=None, node_name=None, text=None, is_delta=None, is_final=None):
         self._v_agent_id = agent_id
@@ -5142,6 +5210,7 @@ cdef class TurnComplete(Table):
     FIELDS = ('request_id', 'agent_id', 'status', 'debug_info', 'tokens_generated', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, status=None, debug_info=None, tokens_generated=None):
         self._v_request_id = request_id
@@ -5214,6 +5283,7 @@ cdef class ErrorResponse(Table):
     FIELDS = ('request_id', 'code', 'message', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, code=None, message=None):
         self._v_request_id = request_id
@@ -5260,6 +5330,7 @@ cdef class Ack(Table):
     FIELDS = ('request_id', 'warning', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, warning=None):
         self._v_request_id = request_id
@@ -5293,6 +5364,7 @@ cdef class ListModelsRequest(Table):
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -5318,6 +5390,7 @@ cdef class ListModelsResponse(Table):
     FIELDS = ('request_id', 'models', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, models=None):
         self._v_request_id = request_id
@@ -5358,6 +5431,7 @@ cdef class DownloadModelRequest(Table):
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -5395,6 +5469,7 @@ cdef class DownloadProgress(Table):
     FIELDS = ('request_id', 'model_name', 'bytes_done', 'bytes_total', 'current_file', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None, bytes_done=None, bytes_total=None, current_file=None):
         self._v_request_id = request_id
@@ -5465,6 +5540,7 @@ cdef class DownloadComplete(Table):
     FIELDS = ('request_id', 'model_name', 'success', 'error_code', 'message', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None, success=None, error_code=None, message=None):
         self._v_request_id = request_id
@@ -5536,6 +5612,7 @@ cdef class CreateStringStorageRequest(Table):
     FIELDS = ('request_id', 'name', 'kind', 'strings', 'keys', 'file_path', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None, kind=None, strings=None, keys=None, file_path=None):
         self._v_request_id = request_id
@@ -5623,6 +5700,7 @@ cdef class CreateStringStorageResponse(Table):
     FIELDS = ('request_id', 'name', 'entry_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None, entry_count=None):
         self._v_request_id = request_id
@@ -5669,6 +5747,7 @@ cdef class DestroyStringStorageRequest(Table):
     FIELDS = ('request_id', 'name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None):
         self._v_request_id = request_id
@@ -5705,6 +5784,7 @@ cdef class NodeEvent(Table):
     FIELDS = ('agent_id', 'node_name', 'event_type', 'kv_pairs', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, agent_id=None, node_name=None, event_type=None, kv_pairs=None):
         self._v_agent_id = agent_id
@@ -5764,6 +5844,7 @@ cdef class LoadModelRequest(Table):
     FIELDS = ('request_id', 'model_name', 'placement', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None, placement=None):
         self._v_request_id = request_id
@@ -5818,6 +5899,7 @@ cdef class LoadModelResponse(Table):
     FIELDS = ('request_id', 'model_name', 'engine', 'already_loaded', 'placement', 'load_ms', 'ram_bytes', 'vram_bytes', 'loaded_dependencies', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None, engine=None, already_loaded=None, placement=None, load_ms=None, ram_bytes=None, vram_bytes=None, loaded_dependencies=None):
         self._v_request_id = request_id
@@ -5941,6 +6023,7 @@ cdef class UnloadModelRequest(Table):
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -5979,6 +6062,7 @@ cdef class CreateEmbeddedStringStorageRequest(Table):
     FIELDS = ('request_id', 'name', 'config_path', 'embedding_model_name', 'texts', 'metadata_json', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None, config_path=None, embedding_model_name=None, texts=None, metadata_json=None):
         self._v_request_id = request_id
@@ -6063,6 +6147,7 @@ cdef class CreateEmbeddedStringStorageResponse(Table):
     FIELDS = ('request_id', 'name', 'entry_count', 'dimensions', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None, entry_count=None, dimensions=None):
         self._v_request_id = request_id
@@ -6121,6 +6206,7 @@ cdef class DestroyEmbeddedStringStorageRequest(Table):
     FIELDS = ('request_id', 'name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, name=None):
         self._v_request_id = request_id
@@ -6157,6 +6243,7 @@ cdef class ChangeAgentParamRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'node_name', 'params', )
     UNION_FIELDS = frozenset(('params', ))
     _VOFFSETS = (4, 6, 8, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, node_name=None, params=None):
         self._v_request_id = request_id
@@ -6233,6 +6320,7 @@ cdef class CreateVoiceInputRequest(Table):
     FIELDS = ('request_id', 'model_name', 'vad_min_silence_ms', 'hotwords_storage_path', 'hotwords_score', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None, vad_min_silence_ms=None, hotwords_storage_path=None, hotwords_score=None):
         self._v_request_id = request_id
@@ -6300,6 +6388,7 @@ cdef class CreateVoiceInputResponse(Table):
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6339,6 +6428,7 @@ cdef class BeginUtteranceRequest(Table):
     FIELDS = ('request_id', 'voice_input_id', 'auto_finish_on_silence', 'max_utterance_ms', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, voice_input_id=None, auto_finish_on_silence=None, max_utterance_ms=None):
         self._v_request_id = request_id
@@ -6401,6 +6491,7 @@ cdef class AudioBuffer(Table):
     FIELDS = ('voice_input_id', 'pcm', 'sample_rate', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, voice_input_id=None, pcm=None, sample_rate=None):
         self._v_voice_input_id = voice_input_id
@@ -6449,6 +6540,7 @@ cdef class EndUtteranceRequest(Table):
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6486,6 +6578,7 @@ cdef class CancelUtteranceRequest(Table):
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6527,6 +6620,7 @@ cdef class WireTranscriptUpdate(Table):
     FIELDS = ('voice_input_id', 'kind', 'text', 'segment_index', 'start_ms', 'end_ms', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, voice_input_id=None, kind=None, text=None, segment_index=None, start_ms=None, end_ms=None):
         self._v_voice_input_id = voice_input_id
@@ -6610,6 +6704,7 @@ cdef class DestroyVoiceInputRequest(Table):
     FIELDS = ('request_id', 'voice_input_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, voice_input_id=None):
         self._v_request_id = request_id
@@ -6650,6 +6745,7 @@ cdef class TtsAudioFormatFrame(Table):
     FIELDS = ('agent_id', 'node_name', 'sample_rate', 'channels', 'bits_per_sample', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, agent_id=None, node_name=None, sample_rate=None, channels=None, bits_per_sample=None):
         self._v_agent_id = agent_id
@@ -6723,6 +6819,7 @@ cdef class TtsAudioFrame(Table):
     FIELDS = ('agent_id', 'node_name', 'pcm', 'sample_offset', 'sentence_index', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, agent_id=None, node_name=None, pcm=None, sample_offset=None, sentence_index=None):
         self._v_agent_id = agent_id
@@ -6792,6 +6889,7 @@ cdef class DeleteModelRequest(Table):
     FIELDS = ('request_id', 'model_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, model_name=None):
         self._v_request_id = request_id
@@ -6827,6 +6925,7 @@ cdef class DebugCommandRequest(Table):
     FIELDS = ('request_id', 'command', 'args', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, command=None, args=None):
         self._v_request_id = request_id
@@ -6876,6 +6975,7 @@ cdef class DebugCommandResponse(Table):
     FIELDS = ('request_id', 'output', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, output=None):
         self._v_request_id = request_id
@@ -6911,6 +7011,7 @@ cdef class CancelRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'mode', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, mode=None):
         self._v_request_id = request_id
@@ -6963,6 +7064,7 @@ cdef class ResumeAgentRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'resume_node', 'tool_results', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, resume_node=None, tool_results=None):
         self._v_request_id = request_id
@@ -7025,6 +7127,7 @@ cdef class UpdateAgentVariablesRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'updates', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, updates=None):
         self._v_request_id = request_id
@@ -7077,6 +7180,7 @@ cdef class GetAgentVariablesRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7114,6 +7218,7 @@ cdef class GetAgentVariablesResponse(Table):
     FIELDS = ('request_id', 'variables', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, variables=None):
         self._v_request_id = request_id
@@ -7154,6 +7259,7 @@ cdef class PrefillAgentKvCacheRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7199,6 +7305,7 @@ cdef class PrefillAgentKvCacheResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', 'contexts_created', 'tokens_decoded', 'tokens_reused', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None, contexts_created=None, tokens_decoded=None, tokens_reused=None):
         self._v_request_id = request_id
@@ -7331,6 +7438,7 @@ cdef class EvictAgentKvCacheRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7374,6 +7482,7 @@ cdef class EvictAgentKvCacheResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', 'contexts_evicted', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None, contexts_evicted=None):
         self._v_request_id = request_id
@@ -7482,6 +7591,7 @@ cdef class GetAgentKvCacheStatusRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7524,6 +7634,7 @@ cdef class GetAgentKvCacheStatusResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'applicable', 'residency', 'prefix_status', 'eligible_node_count', 'debug_info', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, applicable=None, residency=None, prefix_status=None, eligible_node_count=None, debug_info=None):
         self._v_request_id = request_id
@@ -7621,6 +7732,7 @@ cdef class AppendInteractionsRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'interactions', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, interactions=None):
         self._v_request_id = request_id
@@ -7674,6 +7786,7 @@ cdef class AppendInteractionsResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'appended_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, appended_count=None):
         self._v_request_id = request_id
@@ -7724,6 +7837,7 @@ cdef class RemoveInteractionsFromEndRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, count=None):
         self._v_request_id = request_id
@@ -7774,6 +7888,7 @@ cdef class RemoveInteractionsFromEndResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'removed_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, removed_count=None):
         self._v_request_id = request_id
@@ -7822,6 +7937,7 @@ cdef class SetInferenceThrottle(Table):
     FIELDS = ('throttle', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, throttle=None):
         self._v_throttle = throttle
@@ -7847,6 +7963,7 @@ cdef class SetSessionLocaleRequest(Table):
     FIELDS = ('request_id', 'locale', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, locale=None):
         self._v_request_id = request_id
@@ -7881,6 +7998,7 @@ cdef class ExportDialogRequest(Table):
     FIELDS = ('request_id', 'agent_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None):
         self._v_request_id = request_id
@@ -7919,6 +8037,7 @@ cdef class ExportDialogResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'snapshot', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, snapshot=None):
         self._v_request_id = request_id
@@ -7969,6 +8088,7 @@ cdef class ImportDialogRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'snapshot', 'compatibility', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, snapshot=None, compatibility=None):
         self._v_request_id = request_id
@@ -8032,6 +8152,7 @@ cdef class ImportDialogResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'interaction_count', 'warnings', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, interaction_count=None, warnings=None):
         self._v_request_id = request_id
@@ -8095,6 +8216,7 @@ cdef class GetMemoryConsumptionRequest(Table):
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -8122,6 +8244,7 @@ cdef class GetMemoryConsumptionResponse(Table):
     FIELDS = ('request_id', 'captured_at_ms', 'tiers', 'entries', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, captured_at_ms=None, tiers=None, entries=None):
         self._v_request_id = request_id
@@ -8190,6 +8313,7 @@ cdef class EnsureMutableKbRequest(Table):
     FIELDS = ('request_id', 'store_name', 'schema', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, schema=None):
         self._v_request_id = request_id
@@ -8236,6 +8360,7 @@ cdef class EnsureMutableKbResponse(Table):
     FIELDS = ('request_id', 'store_name', 'schema', 'created', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, schema=None, created=None):
         self._v_request_id = request_id
@@ -8291,6 +8416,7 @@ cdef class EnumerateMutableKbsRequest(Table):
     FIELDS = ('request_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None):
         self._v_request_id = request_id
@@ -8316,6 +8442,7 @@ cdef class EnumerateMutableKbsResponse(Table):
     FIELDS = ('request_id', 'stores', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, stores=None):
         self._v_request_id = request_id
@@ -8357,6 +8484,7 @@ cdef class MutableKbWriteRequest(Table):
     FIELDS = ('request_id', 'store_name', 'records', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, records=None):
         self._v_request_id = request_id
@@ -8407,6 +8535,7 @@ cdef class MutableKbWriteResponse(Table):
     FIELDS = ('request_id', 'store_name', 'results', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, results=None):
         self._v_request_id = request_id
@@ -8457,6 +8586,7 @@ cdef class MutableKbDeleteRequest(Table):
     FIELDS = ('request_id', 'store_name', 'ids', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, ids=None):
         self._v_request_id = request_id
@@ -8507,6 +8637,7 @@ cdef class MutableKbDeleteResponse(Table):
     FIELDS = ('request_id', 'store_name', 'deleted_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, deleted_count=None):
         self._v_request_id = request_id
@@ -8553,6 +8684,7 @@ cdef class MutableKbClearRequest(Table):
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -8588,6 +8720,7 @@ cdef class MutableKbClearResponse(Table):
     FIELDS = ('request_id', 'store_name', 'deleted_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, deleted_count=None):
         self._v_request_id = request_id
@@ -8638,6 +8771,7 @@ cdef class MutableKbQueryRequest(Table):
     FIELDS = ('request_id', 'store_name', 'query_text', 'top_k', 'max_distance', 'filter_json', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, query_text=None, top_k=None, max_distance=None, filter_json=None):
         self._v_request_id = request_id
@@ -8715,6 +8849,7 @@ cdef class MutableKbQueryResponse(Table):
     FIELDS = ('request_id', 'store_name', 'hits', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, hits=None):
         self._v_request_id = request_id
@@ -8765,6 +8900,7 @@ cdef class MutableKbGetRequest(Table):
     FIELDS = ('request_id', 'store_name', 'record_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, record_id=None):
         self._v_request_id = request_id
@@ -8810,6 +8946,7 @@ cdef class MutableKbGetResponse(Table):
     FIELDS = ('request_id', 'store_name', 'found', 'record', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, found=None, record=None):
         self._v_request_id = request_id
@@ -8868,6 +9005,7 @@ cdef class MutableKbListRequest(Table):
     FIELDS = ('request_id', 'store_name', 'cursor', 'page_size', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, cursor=None, page_size=None):
         self._v_request_id = request_id
@@ -8925,6 +9063,7 @@ cdef class MutableKbListResponse(Table):
     FIELDS = ('request_id', 'store_name', 'records', 'next_cursor', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, records=None, next_cursor=None):
         self._v_request_id = request_id
@@ -8983,6 +9122,7 @@ cdef class MutableKbStatsRequest(Table):
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -9021,6 +9161,7 @@ cdef class MutableKbStatsResponse(Table):
     FIELDS = ('request_id', 'store_name', 'live_count', 'tombstoned_count', 'size_bytes', 'pending_embedding_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, live_count=None, tombstoned_count=None, size_bytes=None, pending_embedding_count=None):
         self._v_request_id = request_id
@@ -9103,6 +9244,7 @@ cdef class ExportMutableKbRequest(Table):
     FIELDS = ('request_id', 'store_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None):
         self._v_request_id = request_id
@@ -9138,6 +9280,7 @@ cdef class ExportMutableKbResponse(Table):
     FIELDS = ('request_id', 'store_name', 'snapshot', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, snapshot=None):
         self._v_request_id = request_id
@@ -9184,6 +9327,7 @@ cdef class ImportMutableKbRequest(Table):
     FIELDS = ('request_id', 'snapshot', 'store_name', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, snapshot=None, store_name=None):
         self._v_request_id = request_id
@@ -9231,6 +9375,7 @@ cdef class ImportMutableKbResponse(Table):
     FIELDS = ('request_id', 'store_name', 'record_count', 'warnings', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, store_name=None, record_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9292,6 +9437,7 @@ cdef class SaveGameMemoryRequest(Table):
     FIELDS = ('request_id', 'save_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, save_id=None):
         self._v_request_id = request_id
@@ -9328,6 +9474,7 @@ cdef class SaveGameMemoryResponse(Table):
     FIELDS = ('request_id', 'save_id', 'written_at_ms', 'store_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, save_id=None, written_at_ms=None, store_count=None):
         self._v_request_id = request_id
@@ -9387,6 +9534,7 @@ cdef class LoadGameMemoryRequest(Table):
     FIELDS = ('request_id', 'save_id', 'embed_timing', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, save_id=None, embed_timing=None):
         self._v_request_id = request_id
@@ -9436,6 +9584,7 @@ cdef class LoadGameMemoryResponse(Table):
     FIELDS = ('request_id', 'save_id', 'store_count', 'warnings', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, save_id=None, store_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9498,6 +9647,7 @@ cdef class SaveDialogRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'save_id', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None):
         self._v_request_id = request_id
@@ -9547,6 +9697,7 @@ cdef class SaveDialogResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'save_id', 'written_at_ms', 'interaction_count', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, written_at_ms=None, interaction_count=None):
         self._v_request_id = request_id
@@ -9619,6 +9770,7 @@ cdef class LoadDialogRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'save_id', 'compatibility', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, compatibility=None):
         self._v_request_id = request_id
@@ -9681,6 +9833,7 @@ cdef class LoadDialogResponse(Table):
     FIELDS = ('request_id', 'agent_id', 'save_id', 'interaction_count', 'warnings', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, save_id=None, interaction_count=None, warnings=None):
         self._v_request_id = request_id
@@ -9756,6 +9909,7 @@ cdef class TtsVisemeFrame(Table):
     FIELDS = ('agent_id', 'node_name', 'visemes', 'sentence_index', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, agent_id=None, node_name=None, visemes=None, sentence_index=None):
         self._v_agent_id = agent_id
@@ -9818,6 +9972,7 @@ cdef class SetAgentVoiceRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'voice', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, voice=None):
         self._v_request_id = request_id
@@ -9867,6 +10022,7 @@ cdef class SetAgentDeliveryModeRequest(Table):
     FIELDS = ('request_id', 'agent_id', 'mode', 'intensity', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, request_id=None, agent_id=None, mode=None, intensity=None):
         self._v_request_id = request_id
@@ -9924,6 +10080,7 @@ cdef class Message(Table):
     FIELDS = ('body', )
     UNION_FIELDS = frozenset(('body', ))
     _VOFFSETS = (6, )
+    STRUCTURAL = frozenset(())
 
     def __init__(self, *, body=None):
         self._v_body = body

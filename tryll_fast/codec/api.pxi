@@ -119,6 +119,39 @@ def encode(body):
     return out
 
 
+def encode_answer_text(uint64_t agent_id, str node_name, str text, bint is_delta,
+                       bint is_final):
+    """The AnswerText frame of the token-streaming hot path, written directly: the same
+    bytes as encode(AnswerText(agent_id=..., node_name=..., text=..., is_delta=...,
+    is_final=...)) (a test checks it), without building the value objects first."""
+    cdef Builder b = _take_builder()
+    cdef uint32_t o_node, o_text, body, root
+    cdef bytes out
+    try:
+        o_node = _cv_string(b, node_name, 'AnswerText.node_name')
+        o_text = _cv_string(b, text, 'AnswerText.text')
+        b.start_object(5)
+        b.add_u64(0, agent_id, 0)
+        b.add_offset(1, o_node)
+        b.add_offset(2, o_text)
+        b.add_u8(3, is_delta, 0)
+        b.add_u8(4, is_final, 0)
+        body = b.end_object()
+        b.start_object(2)
+        b.add_u8(0, <uint8_t>MessageBody.AnswerText, 0)
+        b.add_offset(1, body)
+        root = b.end_object()
+        b.finish(root, True, NULL)
+        if b.offset() - 4 > TF_MAX_FRAME:
+            raise FrameTooLarge(
+                f"AnswerText encodes to {b.offset() - 4} bytes; a frame holds at most "
+                f"{TF_MAX_FRAME}")
+        out = b.output()
+    finally:
+        _give_builder(b)
+    return out
+
+
 def encode_root(Table table, bint size_prefix=False):
     """Encode any table as a standalone FlatBuffers root. Roots that declare
     a file_identifier (PersistedDialogSnapshot: TDLG) get it written."""
