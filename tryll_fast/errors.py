@@ -1,4 +1,5 @@
-"""The protocol's error codes (SPEC §4 and docs/protocol.md), shared by server and client.
+"""The protocol's error codes (SPEC §4 and docs/protocol.md), shared by server and client,
+and RequestError, the exception that fails one request with one of them.
 
 1xxx are raised by clients only (the server never sends them); every other code arrives in
 ErrorResponse.code (or DownloadComplete.error_code).
@@ -84,3 +85,17 @@ class ErrorCode(IntEnum):
     InvalidEmbedTiming = 8107
     GameMemoryFileNotFound = 8108
     GameMemoryWriteFailed = 8109
+
+
+class RequestError(Exception):
+    """Fail one request with a protocol error code. The session turns it into
+    `ErrorResponse {request_id, code, message}`; the message is shown to game developers, so
+    it names the field and the constraint."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = ErrorCode(code)
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.message} ({int(self.code)} {self.code.name})"

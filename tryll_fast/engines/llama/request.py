@@ -70,6 +70,7 @@ class RequestHandle:
         self._cancel = threading.Event()
         self._wake = None  # set by the engine: nudges the scheduler on cancel()
         self.t_submit = time.perf_counter()
+        self.t_sample_ns = 0     # perf_counter_ns() when the latest token was sampled
 
     # -- consumer side --------------------------------------------------------------------
 

@@ -72,6 +72,9 @@ class Scheduler:
     def __init__(self, ctx: LlamaContext, n_slots: int, prefix_cell_budget: int):
         self.ctx = ctx
         self.model = ctx.model
+        # A set test per sampled token instead of a ctypes call (which would also drop and
+        # retake the GIL between sampling and handing the text to its consumer).
+        self._eog = frozenset(self.model.eog_tokens)
         conv_ids = list(range(n_slots))
         cache_ids = list(range(n_slots, ctx.n_seq_max))
         self.cache = PrefixCache(ctx, cache_ids, prefix_cell_budget)
@@ -246,13 +249,14 @@ class Scheduler:
     def _sample(self, r: Request, batch_index: int) -> None:
         tok = self.ctx.sample(r.chain.handle, batch_index)
         h = r.handle
+        h.t_sample_ns = time.perf_counter_ns()   # consumers measure their delivery from here
         st = h.stats
         if st.tokens_generated == 0:
             r.t_first = time.perf_counter()
             st.first_token_s = r.t_first - h.t_submit
         st.tokens_generated += 1
         h._tokens.append(tok)
-        if self.model.is_eog(tok):
+        if tok in self._eog:
             self._finish(r, FinishReason.STOP)
             return
         text = r.stream.feed_token(tok)
