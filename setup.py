@@ -48,6 +48,13 @@ extensions = [
         extra_compile_args=cflags,
         depends=["csrc/tf_codec.h", "tryll_fast/transport/system.pxd"],
     ),
+    # Token streaming: engine text chunks -> AnswerText frames -> the connection.
+    Extension(
+        "tryll_fast.workflow._stream",
+        ["tryll_fast/workflow/_stream.pyx"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
     # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
     Extension(
         "tryll_fast.engines.llama._detok",

@@ -1,4 +1,4 @@
-"""The `tryll-fast` command line: `serve`, `models list|fetch|delete`.
+"""The `tryll-fast` command line: `serve`, `chat`, `models list|fetch|delete`.
 
 Each top-level command registers itself with `_add_<command>(subparsers)` and sets a
 handler `(args) -> exit code`.
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and a voice.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_serve(commands)
+    _add_chat(commands)
     _add_models(commands)
     return parser
 
@@ -113,6 +114,78 @@ def _serve(args) -> int:
             log.error("the reactor stopped unexpectedly")
             break
     server.shutdown()
+    return EXIT_OK
+
+
+# ----- chat -----
+
+DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_SYSTEM_PROMPT = ("You are Brenna, the cheerful baker of the village of Oakvale. "
+                         "Answer the traveller in one or two short sentences.")
+
+
+def _add_chat(commands) -> None:
+    p = commands.add_parser(
+        "chat", help="chat with an agent on a running server",
+        description="An interactive terminal chat with a one-node graph (Generate) on a running "
+                    "server; tokens print as they arrive. /quit or end of input leaves; Ctrl-C "
+                    "stops the current answer.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9100)
+    p.add_argument("--model", default=DEFAULT_CHAT_MODEL, help="catalog model (downloaded)")
+    p.add_argument("--system", default=DEFAULT_SYSTEM_PROMPT, help="the system prompt")
+    p.add_argument("--locale", default="", help="session locale (BCP-47), e.g. en-US")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.set_defaults(handler=_chat)
+
+
+def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    from tryll_fast import codec
+    from tryll_fast.client import GraphDescription, TryllClient, TryllError
+
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    graph = (GraphDescription()
+             .add_node("answer", codec.GenerateParams(
+                 system_prompt=args.system,
+                 sampling=codec.SamplingOverrides(max_tokens=args.max_tokens)))
+             .set_default_model_name(args.model))
+    try:
+        client = TryllClient(args.host, args.port).connect()
+    except TryllError as exc:
+        print(f"tryll-fast chat: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        client.create_session(locale=args.locale)
+        agent = client.create_agent(graph)
+        print(f"connected to {args.host}:{args.port} ({client.server_mode}); model {args.model}."
+              " /quit to leave.", file=stdout, flush=True)
+        while True:
+            print("you> ", end="", file=stdout, flush=True)
+            line = stdin.readline()
+            if not line or line.strip() == "/quit":
+                break
+            if not line.strip():
+                continue
+            print("npc> ", end="", file=stdout, flush=True)
+            turn = agent.send(line.strip())
+            try:
+                for chunk in turn:
+                    print(chunk.text, end="", file=stdout, flush=True)
+            except KeyboardInterrupt:
+                agent.cancel()
+                for _ in turn:
+                    pass
+            result = turn.result()
+            for err in result.errors:
+                print(f"\n[error: {err}]", end="", file=stdout)
+            print(file=stdout, flush=True)
+        agent.destroy()
+    except TryllError as exc:
+        print(f"tryll-fast chat: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        client.close()
     return EXIT_OK
 
 

@@ -3,15 +3,20 @@
 
 Owns: the client side of the wire protocol: connecting and checking ConnectionReady's
 version (5004), request ids and futures, matching replies and errors to requests,
-delivering unsolicited frames to callbacks, `TryllError(code, message)`. It shares the
-codec with the server and nothing else.
-
-Agents (create_agent, per-agent turn streams, cancel, resume / resume_async, tool-call and
-paused callbacks) arrive with the workflow issue on top of `core.ClientCore`.
+delivering unsolicited frames to callbacks, `TryllError(code, message)`; agents
+(`create_agent` -> `Agent` / `AsyncAgent`): the graph builder, variables, per-agent turn
+streams serialised client-side, cancel, change_params, update/get variables, destroy. It
+shares the codec with the server and nothing else.
 """
+from tryll_fast.client.agents import (
+    AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, GraphDescription, RemoveFromSet,
+    Reset, TurnResult, TurnStream,
+)
 from tryll_fast.client.aio import AsyncTryllClient
 from tryll_fast.client.errors import ReaderThreadError, TryllError
 from tryll_fast.client.sync import TryllClient
 from tryll_fast.errors import ErrorCode
 
-__all__ = ["AsyncTryllClient", "ErrorCode", "ReaderThreadError", "TryllClient", "TryllError"]
+__all__ = ["AddToSet", "Agent", "Assign", "AsyncAgent", "AsyncTryllClient", "AsyncTurnStream",
+           "ErrorCode", "GraphDescription", "ReaderThreadError", "RemoveFromSet", "Reset",
+           "TryllClient", "TryllError", "TurnResult", "TurnStream"]

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 from tryll_fast import codec
+from tryll_fast.client.agents import AsyncAgent, GraphDescription, create_agent_call
 from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
 from tryll_fast.client.errors import TryllError
 from tryll_fast.client.sync import DEFAULT_TIMEOUT_S, RECV_BYTES
@@ -115,7 +116,7 @@ class AsyncTryllClient(ClientCore):
         self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
 
     def start(self, call: Call) -> asyncio.Future:
-        rid, future = self._register(call.what, call.on_progress)
+        rid, future = self._register(call.what, call.on_progress, call.is_final)
         try:
             self.send_frame(codec.encode(call.build(rid)))
         except BaseException:
@@ -147,6 +148,18 @@ class AsyncTryllClient(ClientCore):
         except asyncio.TimeoutError:
             raise TryllError(ErrorCode.Timeout,
                              f"{call.what}: no reply within {limit} s") from None
+
+    async def create_agent(self, graph: GraphDescription, *,
+                           variables: Mapping[str, Any] | None = None,
+                           enable_diagnostics: bool = False,
+                           maintain_dialogue_history: bool = True, workload: int = 0,
+                           kv_cache_initialization: int = 0, voice=None,
+                           timeout: float | None = None) -> AsyncAgent:
+        agent_id = await self.wait(create_agent_call(
+            graph, variables=variables, enable_diagnostics=enable_diagnostics,
+            maintain_dialogue_history=maintain_dialogue_history, workload=int(workload),
+            kv_cache_initialization=int(kv_cache_initialization), voice=voice), timeout)
+        return AsyncAgent(self, agent_id)
 
     def _new_future(self):
         return self._loop.create_future()

@@ -27,11 +27,17 @@ log = logging.getLogger("tryll_fast.client")
 _MAX_REQUEST_ID = 0xFFFFFFFF
 
 
+def _not_progress(body) -> bool:
+    return not isinstance(body, codec.DownloadProgress)
+
+
 @dataclass
 class Pending:
     future: Any
     what: str
     on_progress: Callable[[Any], None] | None = None
+    # which frames for this request_id end it (the others go to on_progress)
+    is_final: Callable[[Any], bool] = _not_progress
 
 
 def check_ready(payload: bytes) -> Any:
@@ -68,6 +74,9 @@ class ClientCore:
         self._pending_lock = threading.Lock()
         self._next_id = 0
         self._callbacks: dict[type, list[Callable[[Any], None]]] = {}
+        # agent_id -> callback for that agent's frames without a request_id (AnswerText,
+        # NodeEvent): the running turn's stream
+        self._agent_frames: dict[int, Callable[[Any], None]] = {}
         self._any: list[Callable[[Any], None]] = []
         self._dropped: TryllError | None = None   # set once the connection has ended
         self._closed = False                      # close() was called
@@ -124,7 +133,7 @@ class ClientCore:
 
     # ---- requests ----
 
-    def _register(self, what: str, on_progress=None) -> tuple[int, Any]:
+    def _register(self, what: str, on_progress=None, is_final=_not_progress) -> tuple[int, Any]:
         future = self._new_future()
         with self._pending_lock:
             if self._dropped is not None:
@@ -134,7 +143,7 @@ class ClientCore:
                 if self._next_id not in self._pending:
                     break
             rid = self._next_id
-            self._pending[rid] = Pending(future, what, on_progress)
+            self._pending[rid] = Pending(future, what, on_progress, is_final)
         return rid, future
 
     def _forget(self, rid: int) -> None:
@@ -162,23 +171,30 @@ class ClientCore:
         if rid:
             with self._pending_lock:
                 entry = self._pending.get(rid)
-                final = entry is not None and not isinstance(body, codec.DownloadProgress)
+                final = entry is not None and entry.is_final(body)
                 if final:
                     del self._pending[rid]
             if entry is not None:
-                self._settle(entry, body)
+                self._settle(entry, body, final)
                 return
+        elif isinstance(body, (codec.AnswerText, codec.NodeEvent)):
+            route = self._agent_frames.get(body.agent_id)
+            if route is not None:
+                try:
+                    route(body)
+                except Exception:
+                    log.exception("agent frame callback failed")
         self._unsolicited(body)
 
-    def _settle(self, entry: Pending, body) -> None:
-        if isinstance(body, codec.ErrorResponse):
-            self._fail(entry.future, TryllError(body.code, body.message))
-        elif isinstance(body, codec.DownloadProgress):
+    def _settle(self, entry: Pending, body, final: bool) -> None:
+        if not final:
             if entry.on_progress is not None:
                 try:
                     entry.on_progress(body)
                 except Exception:
-                    log.exception("download progress callback failed")
+                    log.exception("%s progress callback failed", entry.what)
+        elif isinstance(body, codec.ErrorResponse):
+            self._fail(entry.future, TryllError(body.code, body.message))
         elif isinstance(body, codec.DownloadComplete) and not body.success:
             self._fail(entry.future, TryllError(body.error_code, body.message))
         else:
@@ -199,6 +215,7 @@ class Call:
     build: Callable[[int], Any]
     result: Callable[[Any], Any] = lambda reply: reply
     on_progress: Callable[[Any], None] | None = None
+    is_final: Callable[[Any], bool] = _not_progress
 
 
 def _none(reply) -> None:

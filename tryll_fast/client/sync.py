@@ -16,9 +16,10 @@ import concurrent.futures
 import functools
 import socket
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 from tryll_fast import codec
+from tryll_fast.client.agents import Agent, GraphDescription, create_agent_call
 from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
 from tryll_fast.client.errors import ReaderThreadError, TryllError
 from tryll_fast.errors import ErrorCode
@@ -135,7 +136,7 @@ class TryllClient(ClientCore):
 
     def start(self, call: Call) -> concurrent.futures.Future:
         """Send a Call; its future resolves to the call's result."""
-        rid, future = self._register(call.what, call.on_progress)
+        rid, future = self._register(call.what, call.on_progress, call.is_final)
         try:
             self.send_frame(codec.encode(call.build(rid)))
         except BaseException:
@@ -156,12 +157,15 @@ class TryllClient(ClientCore):
         future.add_done_callback(done)
         return out
 
-    def wait(self, call: Call, timeout: float | None = None) -> Any:
+    def _check_thread(self, what: str) -> None:
         if self._reader is not None and threading.current_thread() is self._reader:
             raise ReaderThreadError(
-                f"{call.what}: a blocking call on the client's reader thread (inside a "
-                "callback) would wait forever for a reply that thread must read; use the "
-                "_async variant")
+                f"{what}: a blocking call on the client's reader thread (inside a callback) "
+                "would wait forever for a reply that thread must read; use the _async "
+                "variant")
+
+    def wait(self, call: Call, timeout: float | None = None) -> Any:
+        self._check_thread(call.what)
         future = self.start(call)
         limit = self.timeout if timeout is None else timeout
         try:
@@ -169,6 +173,20 @@ class TryllClient(ClientCore):
         except concurrent.futures.TimeoutError:
             raise TryllError(ErrorCode.Timeout,
                              f"{call.what}: no reply within {limit} s") from None
+
+    # ---- agents ----
+
+    def create_agent(self, graph: GraphDescription, *, variables: Mapping[str, Any] | None = None,
+                     enable_diagnostics: bool = False, maintain_dialogue_history: bool = True,
+                     workload: int = 0, kv_cache_initialization: int = 0, voice=None,
+                     timeout: float | None = None) -> Agent:
+        """Create an agent from a graph (agents.GraphDescription); variables: name ->
+        initial value (its Python type fixes the variable's type)."""
+        agent_id = self.wait(create_agent_call(
+            graph, variables=variables, enable_diagnostics=enable_diagnostics,
+            maintain_dialogue_history=maintain_dialogue_history, workload=int(workload),
+            kv_cache_initialization=int(kv_cache_initialization), voice=voice), timeout)
+        return Agent(self, agent_id)
 
     # ---- ClientCore futures ----
 

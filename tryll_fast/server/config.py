@@ -158,6 +158,14 @@ SETTINGS: tuple[Setting, ...] = (
             maximum=16),
     Setting("models.preload", "list", (),
             "models to load and pin at startup (comma-separated in the environment)"),
+    Setting("workflow.max_steps_per_turn", "int", 64,
+            "node runs per turn before it fails with 4001 \"Max steps per turn (N) exceeded\"",
+            minimum=1, maximum=100_000),
+    Setting("workflow.max_agents_per_session", "int", 256,
+            "agents one session may hold at once (CreateAgent beyond it: 3003)", minimum=1),
+    Setting("workflow.regex_timeout_ms", "int", 50,
+            "time limit of one guardrail pattern search on one message (over it: 4001)",
+            minimum=1, maximum=10_000),
     Setting("llama.max_n_ctx", "int", 4096,
             "cap on a language model's KV cache cells (its catalog context_size is the other "
             "bound)", minimum=256),
@@ -190,6 +198,9 @@ class ServerConfig:
     workers_threads: int
     workers_max_downloads: int
     models_preload: tuple[str, ...]
+    workflow_max_steps_per_turn: int
+    workflow_max_agents_per_session: int
+    workflow_regex_timeout_ms: int
     llama_max_n_ctx: int
     llama_n_slots: int
     llama_n_batch: int
@@ -347,3 +358,14 @@ def describe(setting: Setting) -> str:
     flag = f"`{setting.flag}`" if setting.flag else ""
     return f"| `{setting.key}` | {flag} | `{setting.env}` | {shown} | {setting.doc} |"
 
+
+
+def settings_table() -> str:
+    """The markdown table of every setting (docs/configuration.md holds this output)."""
+    rows = ["| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]
+    rows += [describe(s) for s in SETTINGS]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -33,6 +33,7 @@ from tryll_fast.server.dispatch import build_table
 from tryll_fast.server.logs import fields
 from tryll_fast.server.session import Operation, Session
 from tryll_fast.transport import Reactor
+from tryll_fast.workflow.runtime import Limits, Runtime
 
 log = logging.getLogger("tryll_fast.server")
 
@@ -106,6 +107,12 @@ class Server:
         self.downloads = ThreadPoolExecutor(config.workers_max_downloads,
                                             thread_name_prefix="tryll-download")
         self.throttle = ThrottleBoard(self._apply_throttle)
+        self.runtime = Runtime(self.models, self.workers, Limits(
+            max_steps_per_turn=config.workflow_max_steps_per_turn,
+            max_agents_per_session=config.workflow_max_agents_per_session,
+            regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0))
+        self._agent_ids = itertools.count(1)
+        self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
             protocol_version=PROTOCOL_VERSION, mode=config.mode))
         self.shutting_down = False
@@ -210,6 +217,7 @@ class Server:
                 self._thread.join(10)
         self.downloads.shutdown(wait=True, cancel_futures=True)
         self.workers.shutdown(wait=True)
+        self.runtime.stop()
         try:
             self.models.close()
         except TimeoutError as exc:
@@ -261,6 +269,9 @@ class Server:
             self.sessions.pop(session.id, None)
             ops = list(session.operations)
             pins = list(session.pins)
+            agents = list(session.agents.values())
+        for agent in agents:
+            self.destroy_agent(session, agent)
         for op in ops:
             op.cancel()
         if session.throttle is not None:
@@ -289,6 +300,40 @@ class Server:
         with self._lock:
             self.teardowns += 1
             self._idle.notify_all()
+
+    # ---- agents ----
+
+    def new_agent_id(self) -> int:
+        with self._lock:
+            return next(self._agent_ids)
+
+    def register_agent(self, session: Session, agent) -> bool:
+        """Add a freshly built agent; False when its session closed meanwhile."""
+        with self._lock:
+            if session.closed:
+                return False
+            session.agents[agent.id] = agent
+            self.agents[agent.id] = agent
+            return True
+
+    def destroy_agent(self, session: Session, agent) -> None:
+        """Cancel its turn (any thread), then free its engine conversations and model leases
+        on a worker once the turn has finished."""
+        turn = agent.destroy()
+        with self._lock:
+            session.agents.pop(agent.id, None)
+            session.destroyed_agents.add(agent.id)
+            self.agents.pop(agent.id, None)
+
+        def release() -> None:
+            if turn is not None:
+                turn.operation.done.wait(60)
+            agent.release()
+
+        try:
+            self.workers.submit(release)
+        except RuntimeError:          # the pool is already shut down
+            release()
 
     # ---- operations ----
 
@@ -392,8 +437,19 @@ class Server:
 
     def describe_key(self, key: Any) -> tuple[int, int, str, int]:
         """An engine conversation key -> (session_id, agent_id, node_name, consumer class)
-        for GetMemoryConsumption rows. The workflow layer owns the key format."""
-        return 0, 0, "", 0
+        for GetMemoryConsumption rows (agents key theirs ("agent", agent_id, node))."""
+        if not (isinstance(key, tuple) and len(key) == 3 and key[0] == "agent"):
+            return 0, 0, "", 0
+        agent = self.agents.get(key[1])
+        if agent is None:
+            return 0, key[1], key[2], 0
+        node = agent.graph.nodes.get(key[2])
+        consumer = codec.InferenceConsumerClass.Buffered
+        if agent.workload == codec.AgentWorkload.Background:
+            consumer = codec.InferenceConsumerClass.Background
+        elif node is not None and getattr(node.params, "send", None) == codec.SendMode.Streamed:
+            consumer = codec.InferenceConsumerClass.VisibleText
+        return agent.session.id, agent.id, key[2], int(consumer)
 
     def pinners(self, name: str) -> int:
         with self._lock:

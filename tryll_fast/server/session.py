@@ -115,9 +115,12 @@ class Session:
         self.closed = False
         self.close_reason = ""
         self.pins: set[str] = set()     # models this session pinned with LoadModel
+        self.agents: dict[int, Any] = {}           # agent_id -> workflow Agent
+        self.destroyed_agents: set[int] = set()    # for 3002 (vs 3001 for unknown ids)
         self.operations: set[Operation] = set()
         self._lock = threading.Lock()
-        self._resume_callbacks: set[Callable[[], None]] = set()
+        # callback -> how many registrations want it (one engine serves many turns)
+        self._resume_callbacks: dict[Callable[[], None], int] = {}
         self.lane = SerialLane(server.workers)
         self._routes = server.routes
 
@@ -175,7 +178,9 @@ class Session:
                 self.send_reply(reply)
 
     def writing_resumed(self) -> None:
-        for callback in list(self._resume_callbacks):
+        with self._lock:
+            callbacks = list(self._resume_callbacks)
+        for callback in callbacks:
             try:
                 callback()
             except Exception:
@@ -255,16 +260,31 @@ class Session:
 
     def on_resume(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` on the reactor thread whenever the connection stops being
-        paused (backpressure); returns a function that unregisters it."""
-        self._resume_callbacks.add(callback)
-        return lambda: self._resume_callbacks.discard(callback)
+        paused (backpressure); returns a function that drops this registration (the
+        callback stays while other registrations want it)."""
+        with self._lock:
+            self._resume_callbacks[callback] = self._resume_callbacks.get(callback, 0) + 1
+        done = []
+
+        def unregister() -> None:
+            with self._lock:
+                if done:
+                    return
+                done.append(True)
+                left = self._resume_callbacks.get(callback, 0) - 1
+                if left > 0:
+                    self._resume_callbacks[callback] = left
+                else:
+                    self._resume_callbacks.pop(callback, None)
+        return unregister
 
     def owned(self) -> dict[str, int]:
         """What this session holds right now (teardown must bring each to 0)."""
         with self._lock:
             ops = collections.Counter(op.kind for op in self.operations)
         return {"operations": sum(ops.values()), "downloads": ops.get("download", 0),
-                "streams": ops.get("stream", 0), "pins": len(self.pins),
+                "streams": ops.get("stream", 0), "turns": ops.get("turn", 0),
+                "agents": len(self.agents), "pins": len(self.pins),
                 "resume_callbacks": len(self._resume_callbacks),
                 "throttle": int(self.throttle is not None)}
 

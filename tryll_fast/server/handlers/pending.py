@@ -11,11 +11,8 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.server.errors import ErrorCode, RequestError
 
 FEATURES = {
-    "agents and workflow graphs": (
-        "CreateAgentRequest", "SendMessageRequest", "DestroyAgentRequest",
-        "ChangeAgentParamRequest", "CancelRequest", "ResumeAgentRequest",
-        "UpdateAgentVariablesRequest", "GetAgentVariablesRequest",
-        "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
+    "pause/resume and the dialog lifecycle (KV, edit, export, save)": (
+        "ResumeAgentRequest", "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
         "GetAgentKvCacheStatusRequest", "AppendInteractionsRequest",
         "RemoveInteractionsFromEndRequest", "ExportDialogRequest", "ImportDialogRequest",
         "SaveDialogRequest", "LoadDialogRequest"),
@@ -33,8 +30,7 @@ FEATURES = {
         "LoadGameMemoryRequest"),
 }
 # Requests that end work stay available during a graceful shutdown.
-_ENDS_WORK = {"CancelRequest", "DestroyAgentRequest", "DestroyVoiceInputRequest",
-              "CancelUtteranceRequest"}
+_ENDS_WORK = {"DestroyVoiceInputRequest", "CancelUtteranceRequest"}
 
 
 def _unavailable(name: str, feature: str):

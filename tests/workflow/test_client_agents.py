@@ -1,0 +1,155 @@
+"""The client's agent surface (blocking and asyncio) and `tryll-fast chat`, against the real
+server and model."""
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from tryll_fast import codec
+from tryll_fast.client import (
+    AddToSet, AsyncTryllClient, GraphDescription, ReaderThreadError, Reset, TryllClient,
+    TryllError,
+)
+from tryll_fast.errors import ErrorCode
+
+from flows import SMOL, SYSTEM
+
+pytestmark = pytest.mark.model
+
+
+def baker(max_tokens=16, **kw):
+    return (GraphDescription()
+            .add_node("answer", codec.GenerateParams(
+                system_prompt=SYSTEM, sampling=codec.SamplingOverrides(
+                    temperature=0, max_tokens=max_tokens), **kw))
+            .set_default_model_name(SMOL))
+
+
+@pytest.fixture
+def client(server):
+    with TryllClient(*server.address, timeout=120) as c:
+        c.create_session(locale="en")
+        yield c
+
+
+def test_graph_builder():
+    g = (GraphDescription().add_node("a", codec.CannedResponseParams())
+         .add_node("b", codec.GenerateParams()).set_start_node("b").set_default_model_name("m"))
+    wire = g.to_wire()
+    assert [n.name for n in wire.nodes] == ["a", "b"] and wire.start_node == "b"
+    assert GraphDescription().add_node("x", codec.InstructionParams()).to_wire().start_node == "x"
+    with pytest.raises(TypeError):
+        GraphDescription().add_node("x", codec.AnswerText())
+
+
+def test_send_streams_then_results(client):
+    agent = client.create_agent(baker(), variables={"mood": "calm", "gold": 3, "open": True,
+                                                    "tags": {"a"}, "trust": 0.5})
+    turn = agent.send("Hello!")
+    chunks = list(turn)
+    result = turn.result()
+    assert result.ok and result.tokens_generated > 0 and chunks
+    assert result.text == "".join(c.text for c in chunks)
+    assert result.texts == {"answer": result.text}
+    assert agent.get_variables() == {"mood": "calm", "gold": 3, "open": True, "tags": {"a"},
+                                     "trust": 0.5}
+    agent.update_variables({"mood": "happy", "gold": 4})
+    agent.update_variables([AddToSet("tags", "b"), Reset("trust")])
+    assert agent.get_variables()["tags"] == {"a", "b"}
+    with pytest.raises(TryllError) as info:
+        agent.update_variables({"gold": "lots"})
+    assert info.value.code == ErrorCode.VariableTypeMismatch
+    agent.destroy()
+    with pytest.raises(TryllError) as info:
+        agent.get_variables()
+    assert info.value.code == ErrorCode.AgentAlreadyDestroyed
+
+
+def test_turns_of_one_agent_are_serialised_client_side(client):
+    agent = client.create_agent(baker(max_tokens=12))
+    first = agent.send("One")
+    second = agent.send("Two")        # waits for the first TurnComplete, never 3004
+    assert first.result().ok and second.result().ok
+
+
+def test_cancel_from_another_thread_and_failed_turns(client):
+    agent = client.create_agent(baker(max_tokens=200))
+    turn = agent.send("Tell me a long story about bread and butter.")
+    it = iter(turn)
+    next(it)
+    agent.cancel(codec.CancelMode.StopAndKeep)
+    result = turn.result()
+    assert result.status == codec.TurnStatus.Cancelled
+    small = client.create_agent(baker(max_tokens=16, context_size=48))
+    result = small.send("talk " * 100).result()
+    assert result.status == codec.TurnStatus.Error
+    assert result.errors and result.errors[0].code == ErrorCode.InferenceFailed
+
+
+def test_blocking_calls_inside_callbacks(client):
+    agent = client.create_agent(baker(max_tokens=8))
+    seen = {}
+
+    def on_text(_frame):
+        if "err" in seen:
+            return
+        try:
+            agent.get_variables()
+        except ReaderThreadError as exc:
+            seen["err"] = exc
+        seen["fut"] = agent.cancel_async()
+
+    client.on(codec.AnswerText, on_text)
+    agent.send("Hi").result()
+    assert isinstance(seen["err"], ReaderThreadError)
+    assert seen["fut"].result(10) is None
+
+
+def test_refused_turn_raises(client):
+    agent = client.create_agent(baker())
+    agent.destroy()
+    turn = agent.send("Hi")
+    with pytest.raises(TryllError) as info:
+        turn.result()
+    assert info.value.code == ErrorCode.AgentAlreadyDestroyed
+
+
+def test_async_agents(server):
+    async def main():
+        async with AsyncTryllClient(*server.address, timeout=120) as c:
+            await c.create_session()
+            agent = await c.create_agent(baker(), variables={"n": 1})
+            turn = await agent.send("Hello!")
+            chunks = [chunk async for chunk in turn]
+            result = await turn.result()
+            assert result.ok and result.text == "".join(ch.text for ch in chunks)
+            await agent.update_variables({"n": 2})
+            assert await agent.get_variables() == {"n": 2}
+            others = [await c.create_agent(baker()), await c.create_agent(baker())]
+            turns = [await x.send("Hi") for x in others]        # both run at once
+            a, b = await asyncio.gather(*(t.result() for t in turns))
+            assert a.ok and b.ok
+            await agent.cancel()
+            await agent.destroy()
+    asyncio.run(main())
+
+
+def test_chat_command(server):
+    host, port = server.address
+    proc = subprocess.run(
+        [sys.executable, "-m", "tryll_fast.cli", "chat", "--host", host, "--port", str(port),
+         "--max-tokens", "12"],
+        input="Hello there!\n\nWhat do you bake?\n/quit\n", capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"connected to {host}:{port}")
+    replies = [line.split("npc> ", 1)[1] for line in lines if "npc> " in line]
+    assert len(replies) == 2 and all(replies)       # the empty line was skipped
+
+
+def test_chat_against_no_server():
+    proc = subprocess.run([sys.executable, "-m", "tryll_fast.cli", "chat", "--port", "1"],
+                          input="", capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "1001 ConnectionFailed" in proc.stderr

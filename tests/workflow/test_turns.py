@@ -1,0 +1,481 @@
+"""Turns end to end over TCP with the real SmolLM2 (greedy): the frames of SPEC §6, the
+nodes, templates and variables, cancel, busy, step limits, failures, concurrency."""
+import json
+import threading
+import time
+
+import pytest
+
+from tryll_fast import codec
+from tryll_fast.errors import ErrorCode
+
+from flows import SMOL, canned, create, gen, graph, node, texts, turn
+from wire import Wire, wait_for
+
+pytestmark = pytest.mark.model
+Status = codec.TurnStatus
+
+
+@pytest.fixture(scope="module")
+def pinned(server):
+    """A session that pins SmolLM2, so its engine outlives the agents of one test."""
+    w = Wire(server.address, timeout=120)
+    w.create_session()
+    assert isinstance(w.request(codec.LoadModelRequest(request_id=1, model_name=SMOL)),
+                      codec.LoadModelResponse)
+    yield server.engines()[0]
+    w.close()
+
+
+def answers(frames):
+    return [f for f in frames if isinstance(f, codec.AnswerText)]
+
+
+def debug(frames) -> dict:
+    return json.loads(frames[-1].debug_info)
+
+
+def test_streamed_frames(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=20))))
+    frames = turn(w, aid, "What do you bake?")
+    chunks, done = answers(frames), frames[-1]
+    assert isinstance(done, codec.TurnComplete) and done.status == Status.Success
+    assert len(chunks) >= 2 and all(c.is_delta and c.node_name == "answer" for c in chunks)
+    assert all(not c.is_final for c in chunks[:-1])
+    assert chunks[-1].is_final and chunks[-1].text == ""          # the terminator
+    assert texts(frames).strip() and 0 < done.tokens_generated <= 20
+    assert done.debug_info == ""                                   # diagnostics off
+    assert frames[-1] is done and frames.index(done) == len(frames) - 1
+
+
+def test_whole_and_none(w):
+    whole = create(w, graph(node("answer", gen(send=codec.SendMode.Whole))))
+    frames = turn(w, whole, "Hello!")
+    [chunk] = answers(frames)
+    assert not chunk.is_delta and chunk.is_final and chunk.text.strip()
+    silent = create(w, graph(node("answer", gen(send=codec.SendMode.None_)),))
+    frames = turn(w, silent, "Hello!")
+    # send = None emits nothing; the turn still gets one empty final chunk
+    [chunk] = answers(frames)
+    assert (chunk.text, chunk.is_delta, chunk.is_final, chunk.node_name) == ("", False, True,
+                                                                           "answer")
+    assert frames[-1].tokens_generated > 0
+    # the silent reply is in the dialog all the same: the next prompt shows it
+    diag = create(w, graph(node("answer", gen(send=codec.SendMode.None_))),
+                  enable_diagnostics=True)
+    turn(w, diag, "Hello!")
+    second = turn(w, diag, "And again?")
+    assert debug(second)["nodes"][0]["prompt"].count("<|im_start|>assistant") == 2
+
+
+def test_guardrail_routes_to_canned_or_generate(w):
+    g = graph(
+        node("guard", codec.HumanMessageGuardrailParams(
+            patterns=[r"\bswords?\b", "weapon"], triggered_exit="refuse",
+            not_triggered_exit="answer")),
+        node("refuse", canned("I only sell bread.")),
+        node("answer", gen()))
+    aid = create(w, g, enable_diagnostics=True)
+    frames = turn(w, aid, "Do you sell SWORDS?")           # case-insensitive
+    [chunk] = answers(frames)
+    assert (chunk.node_name, chunk.text, chunk.is_delta, chunk.is_final) == (
+        "refuse", "I only sell bread.", False, True)
+    assert frames[-1].tokens_generated == 0
+    nodes = debug(frames)["nodes"]
+    assert [(n["node"], n["exit"]) for n in nodes] == [("guard", "triggered"),
+                                                        ("refuse", "default")]
+    assert nodes[0]["matched"] == "SWORDS"
+    frames = turn(w, aid, "What bread is best today?")
+    assert {c.node_name for c in answers(frames)} == {"answer"}
+    assert [n["node"] for n in debug(frames)["nodes"]] == ["guard", "answer"]
+
+
+def test_canned_selection_strategies(w):
+    seq = create(w, graph(node("c", canned("one", "two", "three"))))
+    assert [texts(turn(w, seq, "hi")) for _ in range(4)] == ["one", "two", "three", "one"]
+    shuffle = create(w, graph(node("c", canned(
+        "a", "b", "c", selection_strategy=codec.SelectionStrategy.ShuffleNoRepeat))))
+    picks = [texts(turn(w, shuffle, "hi")) for _ in range(6)]
+    assert sorted(picks[:3]) == sorted(picks[3:]) == ["a", "b", "c"]
+    rand = create(w, graph(node("c", canned(
+        "x", "y", selection_strategy=codec.SelectionStrategy.Random))))
+    assert {texts(turn(w, rand, "hi")) for _ in range(12)} <= {"x", "y"}
+    empty = create(w, graph(node("c", codec.CannedResponseParams())))
+    [chunk] = answers(turn(w, empty, "hi"))
+    assert chunk.text == "" and chunk.is_final and not chunk.is_delta
+
+
+def test_instruction_and_variables_reach_the_template(w):
+    g = graph(
+        node("mood", codec.InstructionParams(text="You feel {{var.mood}} today.",
+                                             default_exit="answer")),
+        node("answer", gen(template="{{instruction_mood}} "
+                                    "{{#instructions}}({{name}}){{/instructions}} "
+                                    "Quests: {{#var.quests}}{{.}};{{/var.quests}} "
+                                    "Locale {{locale}} {{language}}.")))
+    aid = create(w, g, enable_diagnostics=True, variables=[
+        codec.AgentVariable(name="mood", value=codec.VarString(value="grumpy")),
+        codec.AgentVariable(name="quests", value=codec.VarStringSet(values=["bread"]))])
+    frames = turn(w, aid, "Good morning!")
+    prompt = debug(frames)["nodes"][1]["prompt"]
+    assert ("You feel grumpy today. (mood) Quests: bread; Locale en English.\n\nGood morning!"
+            in prompt)
+    assert debug(frames)["nodes"][0]["text"] == "You feel grumpy today."
+    w.request(codec.UpdateAgentVariablesRequest(request_id=7, agent_id=aid, updates=[
+        codec.VariableUpdate(name="mood", value=codec.VarString(value="cheerful")),
+        codec.VariableUpdate(name="quests", op=codec.VariableOp.AddToSet,
+                             value=codec.VarString(value="wolves"))]))
+    w.request(codec.SetSessionLocaleRequest(request_id=8, locale="de"))
+    prompt = debug(turn(w, aid, "Hello again"))["nodes"][1]["prompt"]
+    assert "You feel cheerful today. (mood) Quests: bread;wolves; Locale de German." in prompt
+    # the dialog keeps the player's raw text, not the rendered template
+    assert "<|im_start|>user\nGood morning!<|im_end|>" in prompt
+    snap = w.request(codec.GetAgentVariablesRequest(request_id=9, agent_id=aid))
+    assert isinstance(snap, codec.GetAgentVariablesResponse) and snap.request_id == 9
+    values = {v.name: v.value for v in snap.variables}
+    assert values["mood"].value == "cheerful" and set(values["quests"].values) == {"bread",
+                                                                                 "wolves"}
+
+
+@pytest.mark.parametrize("placement,expect", [
+    (codec.PromptPlacement.SystemBeforeUser,
+     "<|im_start|>system\nRULE<|im_end|>\n<|im_start|>user\nHi<|im_end|>"),
+    (codec.PromptPlacement.SystemPromptEnd, "Answer in one short sentence.\n\nRULE<|im_end|>"),
+    (codec.PromptPlacement.UserMessage, "<|im_start|>user\nRULE\n\nHi<|im_end|>"),
+])
+def test_template_placement(w, placement, expect):
+    aid = create(w, graph(node("answer", gen(template="RULE", placement=placement,
+                                             max_tokens=4))), enable_diagnostics=True)
+    prompt = debug(turn(w, aid, "Hi"))["nodes"][0]["prompt"]
+    assert expect in prompt, prompt
+
+
+def test_step_limit(w):
+    loop = create(w, graph(node("a", canned("again", default_exit="b")),
+                           node("b", codec.InstructionParams(text="x", default_exit="a"))))
+    frames = turn(w, loop, "go")
+    err = next(f for f in frames if isinstance(f, codec.ErrorResponse))
+    assert err.code == ErrorCode.InferenceFailed
+    assert err.message == "Max steps per turn (16) exceeded"
+    assert frames[-1].status == Status.Error
+    assert frames.index(err) < len(frames) - 1
+    assert len(answers(frames)) == 8                    # node a ran 8 times before the limit
+    # still usable
+    frames = turn(w, loop, "go")
+    assert frames[-1].status == Status.Error
+
+
+def test_node_failure_is_4001_then_turn_complete_error_and_the_agent_lives(w):
+    aid = create(w, graph(node("answer", gen(context_size=64, max_tokens=16))),
+                 enable_diagnostics=True)
+    frames = turn(w, aid, "tell me everything " * 40)     # cannot fit in 64 tokens
+    err = next(f for f in frames if isinstance(f, codec.ErrorResponse))
+    assert err.code == ErrorCode.InferenceFailed and "node 'answer'" in err.message
+    assert "tokens" in err.message and frames[-1].status == Status.Error
+    assert debug(frames)["nodes"][0]["error"] == err.message
+    frames = turn(w, aid, "Hi")
+    assert frames[-1].status == Status.Success
+    # the failed interaction left no trace in the dialog
+    assert "tell me everything" not in debug(frames)["nodes"][0]["prompt"]
+
+
+def test_agent_busy_while_a_turn_runs(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=64))))
+    w.send(codec.SendMessageRequest(request_id=1, agent_id=aid, text="Tell me a long story."))
+    err = w.expect_error(codec.SendMessageRequest(request_id=2, agent_id=aid, text="again"),
+                         ErrorCode.AgentBusy)
+    assert "running a turn" in err.message
+    for body in (codec.ChangeAgentParamRequest(request_id=3, agent_id=aid, node_name="answer",
+                                               params=gen(max_tokens=64)),
+                 codec.UpdateAgentVariablesRequest(request_id=4, agent_id=aid)):
+        w.expect_error(body, ErrorCode.AgentBusy)
+    # reads and model requests are fine meanwhile
+    assert isinstance(w.request(codec.GetAgentVariablesRequest(request_id=5, agent_id=aid)),
+                      codec.GetAgentVariablesResponse)
+    frames = w.recv_until(codec.TurnComplete)
+    assert frames[-1].request_id == 1 and frames[-1].status == Status.Success
+    assert turn(w, aid, "Thanks")[-1].status == Status.Success
+
+
+@pytest.mark.parametrize("mode", [codec.CancelMode.StopAndKeep, codec.CancelMode.StopAndDiscard])
+def test_cancel_mid_stream(w, mode):
+    aid = create(w, graph(node("answer", gen(max_tokens=200, sampling=codec.SamplingOverrides(
+        temperature=0, max_tokens=200)))), enable_diagnostics=True)
+    w.send(codec.SendMessageRequest(request_id=11, agent_id=aid,
+                                    text="Tell me a very long story about bread."))
+    first = w.recv()
+    while not (isinstance(first, codec.AnswerText) and first.text):
+        first = w.recv()
+    w.send(codec.CancelRequest(request_id=12, agent_id=aid, mode=mode))
+    frames = [first] + w.recv_until(codec.TurnComplete)
+    ack = next(f for f in frames if isinstance(f, codec.Ack))
+    assert ack.request_id == 12
+    assert frames.index(ack) < len(frames) - 1           # Ack, then TurnComplete
+    done = frames[-1]
+    assert done.status == Status.Cancelled and done.request_id == 11
+    assert 0 < done.tokens_generated < 200
+    chunks = answers(frames)
+    assert chunks[-1].is_final and chunks[-1].text == ""  # the stream was closed
+    partial = texts(frames).strip()
+    prompt = debug(turn(w, aid, "Go on."))["nodes"][0]["prompt"]
+    if mode == codec.CancelMode.StopAndKeep:
+        assert "Tell me a very long story" in prompt and partial[:20] in prompt
+    else:
+        assert "Tell me a very long story" not in prompt
+
+
+def test_cancel_when_idle_is_a_noop_ack(w):
+    aid = create(w, graph(node("c", canned("hi"))))
+    assert isinstance(w.request(codec.CancelRequest(request_id=3, agent_id=aid)), codec.Ack)
+    w.nothing(0.2)
+    err = w.expect_error(codec.CancelRequest(request_id=4, agent_id=aid, mode=9),
+                         ErrorCode.InvalidParamValue)
+    assert "CancelMode" in err.message
+
+
+def test_change_agent_param_rules(w):
+    g = graph(node("guard", codec.HumanMessageGuardrailParams(
+        patterns=["bread"], triggered_exit="yes", not_triggered_exit="no")),
+        node("yes", canned("Bread!")), node("no", canned("No bread.")))
+    aid = create(w, g)
+    assert texts(turn(w, aid, "cake")) == "No bread."
+
+    def change(name, params, code=None):
+        body = codec.ChangeAgentParamRequest(request_id=w.rid(), agent_id=aid, node_name=name,
+                                             params=params)
+        return w.expect_error(body, code) if code else w.request(body)
+
+    assert isinstance(change("guard", codec.HumanMessageGuardrailParams(
+        patterns=["cake"], triggered_exit="yes", not_triggered_exit="no")), codec.Ack)
+    assert texts(turn(w, aid, "cake")) == "Bread!"
+    assert isinstance(change("no", canned("Never bread.")), codec.Ack)
+    assert texts(turn(w, aid, "pie")) == "Never bread."
+    err = change("ghost", canned("x"), ErrorCode.UnknownNode)
+    assert "no node 'ghost'" in err.message
+    err = change("guard", codec.HumanMessageGuardrailParams(
+        patterns=["x"], triggered_exit="no", not_triggered_exit="no"), ErrorCode.ParamNotMutable)
+    assert "HumanMessageGuardrailParams.triggered_exit is structural" in err.message
+    err = change("guard", codec.HumanMessageGuardrailParams(
+        patterns=["(bad"], triggered_exit="yes", not_triggered_exit="no"),
+        ErrorCode.InvalidParamValue)
+    assert "not a valid regex" in err.message
+    err = change("yes", codec.InstructionParams(text="x"), ErrorCode.InvalidParamValue)
+    assert "params must be CannedResponseParams" in err.message
+    # the failed changes changed nothing
+    assert texts(turn(w, aid, "cake")) == "Bread!"
+
+
+def test_change_generate_params(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=8))), enable_diagnostics=True)
+    err = w.expect_error(codec.ChangeAgentParamRequest(
+        request_id=1, agent_id=aid, node_name="answer", params=gen(max_tokens=9)),
+        ErrorCode.ParamNotMutable)
+    assert "sampling.max_tokens is structural" in err.message
+    err = w.expect_error(codec.ChangeAgentParamRequest(
+        request_id=2, agent_id=aid, node_name="answer",
+        params=gen(max_tokens=8, model_name="Gemma-3-270M")), ErrorCode.ParamNotMutable)
+    assert "model_name" in err.message
+    ok = w.request(codec.ChangeAgentParamRequest(
+        request_id=3, agent_id=aid, node_name="answer",
+        params=gen(max_tokens=8, system_prompt="You are Tom, a guard.", send=codec.SendMode.Whole)))
+    assert isinstance(ok, codec.Ack)
+    frames = turn(w, aid, "Who are you?")
+    assert "You are Tom, a guard." in debug(frames)["nodes"][0]["prompt"]
+    assert not answers(frames)[0].is_delta
+
+
+def test_stateless_agent_forgets_after_each_turn(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=6))), maintain_dialogue_history=False,
+                 enable_diagnostics=True)
+    turn(w, aid, "My name is Tilda.")
+    prompt = debug(turn(w, aid, "What is my name?"))["nodes"][0]["prompt"]
+    assert "Tilda" not in prompt
+
+
+def test_a_turn_without_text_still_sends_one_final_chunk(w):
+    aid = create(w, graph(node("i", codec.InstructionParams(text="quiet"))))
+    frames = turn(w, aid, "hello")
+    [chunk] = answers(frames)
+    assert (chunk.node_name, chunk.text, chunk.is_final) == ("i", "", True)
+    assert frames[-1].status == Status.Success
+
+
+def test_two_producers_each_send_their_final(w):
+    g = graph(node("first", canned("Hello, traveller.", default_exit="second")),
+              node("second", gen(max_tokens=10)))
+    frames = turn(w, create(w, g), "Hi")
+    finals = [c.node_name for c in answers(frames) if c.is_final]
+    assert finals == ["first", "second"]
+
+
+def test_shared_system_prompt_is_decoded_once_for_many_agents(w):
+    system = ("You are a villager of Oakvale. Oakvale is a quiet village by the river, with a "
+              "mill, a bakery, a smithy and an old stone bridge. ") * 3
+    ids = [create(w, graph(node("answer", gen(system_prompt=system, max_tokens=4))),
+                  enable_diagnostics=True) for _ in range(3)]
+    first = debug(turn(w, ids[0], "Hi"))["nodes"][0]
+    assert first["shared_prefix_tokens"] > 50
+    for aid in ids[1:]:
+        d = debug(turn(w, aid, "Hello"))["nodes"][0]
+        # attached from the prefix cache instead of decoded again
+        assert d["tokens"]["shared_prefix"] == first["shared_prefix_tokens"]
+        assert d["tokens"]["prefilled"] < first["tokens"]["prefilled"]
+
+
+def test_second_turn_decodes_only_the_new_suffix(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=12))), enable_diagnostics=True)
+    turn(w, aid, "Hello!")
+    d = debug(turn(w, aid, "What do you sell?"))["nodes"][0]
+    assert d["tokens"]["cached"] > 30 and d["tokens"]["prefilled"] < d["prompt_tokens"] / 2
+
+
+def test_token_budget_drops_the_oldest_turns_with_hysteresis(w):
+    aid = create(w, graph(node("answer", gen(context_size=256, max_tokens=24))),
+                 enable_diagnostics=True)
+    seen = []
+    for i in range(12):
+        d = debug(turn(w, aid, f"Question number {i}: what is good to eat?"))["nodes"][0]
+        assert d["prompt_tokens"] <= 256 - 24
+        seen.append((d["history_interactions"], d["dropped_interactions"]))
+    drops = [i for i, (_, dropped) in enumerate(seen) if dropped]
+    assert drops, seen
+    first = drops[0]
+    # after a drop the window is at most 75 % of the budget, so the next turns fit again
+    # without dropping (hysteresis), while the history grows back
+    assert seen[first + 1][1] == 0 and seen[first + 1][0] == seen[first][0] + 1
+
+
+def test_diagnostics_json(w):
+    aid = create(w, graph(node("answer", gen(max_tokens=8))), enable_diagnostics=True)
+    d = debug(turn(w, aid, "Hello"))
+    assert d["status"] == "Success" and d["steps"] == 1 and d["agent_id"] == aid
+    n = d["nodes"][0]
+    assert n["model"] == SMOL and n["exit"] == "default" and "<|im_start|>" in n["prompt"]
+    assert n["sampling"]["temperature"] == 0 and n["sampling"]["max_tokens"] == 8
+    assert set(n["timings_ms"]) == {"projection", "queue", "prefill", "first_token", "decode",
+                                    "total"}
+    assert n["stream"]["frames"] >= 2 and n["stream"]["handoff_us_p50"] > 0
+
+
+def test_utf8_chunks_are_whole_characters(w):
+    aid = create(w, graph(node("answer", gen(
+        max_tokens=40, system_prompt="Reply only with emoji and accented words like café."))))
+    frames = turn(w, aid, "Show me 🍞🥐🥖 and naïve crème brûlée")
+    for c in answers(frames):
+        c.text.encode("utf-8")                       # every chunk is valid on its own
+    assert frames[-1].status == Status.Success
+
+
+def test_kv_initialization_modes(server, w):
+    system = "You are a miller. " * 20
+    pre = create(w, graph(node("answer", gen(system_prompt=system, max_tokens=4))),
+                 kv_cache_initialization=codec.KvCacheInitialization.Prefill,
+                 enable_diagnostics=True)
+    agent = server.agents[pre]
+    engine = agent.leases[SMOL].obj
+    mem = engine.memory()
+    assert repr(agent.conv_key("answer")) in mem["sequences"]          # prefilled already
+    d = debug(turn(w, pre, "Hi"))["nodes"][0]
+    assert d["tokens"]["cached"] >= d["shared_prefix_tokens"] > 0
+    deferred = create(w, graph(node("answer", gen(max_tokens=4))),
+                      kv_cache_initialization=codec.KvCacheInitialization.DeferAllocation)
+    assert server.agents[deferred].leases == {}                         # nothing taken yet
+    assert turn(w, deferred, "Hi")[-1].status == Status.Success
+    assert SMOL in server.agents[deferred].leases
+
+
+def test_eight_agents_chat_at_once(server, pinned):
+    wires = [Wire(server.address, timeout=120) for _ in range(2)]
+    for x in wires:
+        x.create_session()
+    ids = [(wires[i % 2], create(wires[i % 2], graph(node("answer", gen(
+        max_tokens=16, system_prompt=f"You are villager number {i}."))))) for i in range(8)]
+    before = pinned.status()
+    for x, aid in ids:
+        x.send(codec.SendMessageRequest(request_id=aid, agent_id=aid, text="Who are you?"))
+    results = {}
+    for x in wires:
+        pending = {aid for y, aid in ids if y is x}
+        while pending:
+            f = x.recv()
+            results.setdefault(getattr(f, "agent_id", 0), []).append(f)
+            if isinstance(f, codec.TurnComplete):
+                pending.discard(f.agent_id)
+    for _, aid in ids:
+        frames = results[aid]
+        assert frames[-1].status == Status.Success and frames[-1].request_id == aid
+        assert texts(frames).strip()
+    # the turns ran together: far fewer engine steps than tokens (one step serves many)
+    after = pinned.status()
+    generated = sum(results[aid][-1].tokens_generated for _, aid in ids)
+    assert after["steps"] - before["steps"] < generated / 2
+    for x in wires:
+        x.close()
+
+
+def test_destroy_cancels_the_running_turn(server, w, pinned):
+    aid = create(w, graph(node("answer", gen(max_tokens=200, sampling=codec.SamplingOverrides(
+        temperature=0, max_tokens=200)))))
+    w.send(codec.SendMessageRequest(request_id=5, agent_id=aid, text="Tell a long story."))
+    f = w.recv()
+    while not isinstance(f, codec.AnswerText):
+        f = w.recv()
+    ack = w.request(codec.DestroyAgentRequest(request_id=6, agent_id=aid))
+    assert isinstance(ack, codec.Ack)
+    frames = w.recv_until(codec.TurnComplete)
+    assert frames[-1].status == Status.Cancelled and frames[-1].request_id == 5
+    assert aid not in server.agents
+    assert wait_for(lambda: repr(("agent", aid, "answer")) not in pinned.memory()["sequences"])
+
+
+def test_session_teardown_frees_agents_turns_and_kv(server, pinned):
+    w = Wire(server.address, timeout=60)
+    w.create_session()
+    ids = [create(w, graph(node("answer", gen(max_tokens=200, sampling=codec.SamplingOverrides(
+        temperature=0, max_tokens=200))))) for _ in range(3)]
+    for aid in ids:
+        w.send(codec.SendMessageRequest(request_id=aid, agent_id=aid, text="A long story."))
+    session = max(server.sessions.values(), key=lambda s: s.id)
+    assert wait_for(lambda: session.owned()["turns"] == 3)
+    assert session.owned()["agents"] == 3
+    engine = pinned
+    w.reset()
+    assert wait_for(lambda: session.owned()["agents"] == 0 and session.owned()["turns"] == 0,
+                    timeout=30)
+    assert all(aid not in server.agents for aid in ids)
+    keys = {repr(("agent", aid, "answer")) for aid in ids}
+    assert wait_for(lambda: not keys & set(engine.memory()["sequences"]), timeout=30)
+    assert session.owned()["operations"] == 0
+
+
+def test_memory_rows_name_the_agent(server, w):
+    aid = create(w, graph(node("answer", gen(max_tokens=4))))
+    turn(w, aid, "Hi")
+    snap = w.request(codec.GetMemoryConsumptionRequest(request_id=3))
+    rows = [e for e in snap.entries if e.agent_id == aid]
+    assert rows and rows[0].node_name == "answer" and rows[0].session_id > 0
+    assert rows[0].consumer_class == codec.InferenceConsumerClass.VisibleText
+
+
+def test_shutdown_lets_a_running_turn_finish(model_file, tmp_path):
+    from wire import MODELS_DIR, start_server
+    srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
+        "llama.max_n_ctx=1024", "shutdown.deadline_ms=60000"])
+    w = Wire(srv.address, timeout=60)
+    w.create_session()
+    aid = create(w, graph(node("answer", gen(max_tokens=48, sampling=codec.SamplingOverrides(
+        temperature=0, max_tokens=48)))))
+    w.send(codec.SendMessageRequest(request_id=1, agent_id=aid, text="Tell me about bread."))
+    first = w.recv()
+    result = {}
+    t = threading.Thread(target=lambda: result.update(srv.shutdown()))
+    t.start()
+    assert wait_for(lambda: srv.shutting_down)
+    w.expect_error(codec.SendMessageRequest(request_id=2, agent_id=aid, text="x"),
+                   ErrorCode.ServerShuttingDown)
+    frames = [first] + w.recv_until(codec.TurnComplete)
+    assert frames[-1].status == Status.Success and frames[-1].tokens_generated > 0
+    t.join(60)
+    assert result["cancelled"] == 0 and result["finished_in_time"] == 1
+    assert w.wait_closed()
+    time.sleep(0)

@@ -1,0 +1,369 @@
+"""Agents on the client: the graph builder, variable values, turn streams, agent proxies.
+
+    graph = (GraphDescription()
+             .add_node("answer", GenerateParams(system_prompt="You are Brenna, a baker."))
+             .set_start_node("answer")
+             .set_default_model_name("SmolLM2-135M-Instruct"))
+    agent = client.create_agent(graph, variables={"mood": "cheerful"})
+    for chunk in agent.send("Hello!"):      # AnswerText frames as they arrive
+        print(chunk.text, end="", flush=True)
+
+Turns of one agent are serialised here, as seed 000 asks: `send` waits until the agent's
+previous turn has completed (TurnComplete) before it sends. A turn's stream yields its
+AnswerText chunks; `result()` waits for TurnComplete and returns a TurnResult. A turn that
+fails while running (ErrorResponse 4001, then TurnComplete(Error)) does not raise: the
+errors are in the result. A request refused outright (3004, 3001, …) raises TryllError.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from tryll_fast import codec
+from tryll_fast.client.core import Call
+from tryll_fast.client.errors import TryllError
+from tryll_fast.errors import ErrorCode
+
+_END = object()
+
+
+class GraphDescription:
+    """Builds a workflow graph: add_node(name, params) in order, set_start_node,
+    set_default_model_name (every call returns the builder). The first node added is the
+    start node unless set_start_node says otherwise."""
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[str, Any]] = []
+        self.start_node = ""
+        self.default_model_name = ""
+
+    def add_node(self, name: str, params) -> "GraphDescription":
+        if type(params) not in codec.TABLES or not type(params).__name__.endswith("Params"):
+            raise TypeError(f"node params must be a node params table (GenerateParams, …), "
+                            f"not {type(params).__name__}")
+        self.nodes.append((name, params))
+        return self
+
+    def set_start_node(self, name: str) -> "GraphDescription":
+        self.start_node = name
+        return self
+
+    def set_default_model_name(self, name: str) -> "GraphDescription":
+        self.default_model_name = name
+        return self
+
+    def to_wire(self):
+        start = self.start_node or (self.nodes[0][0] if self.nodes else "")
+        return codec.GraphDescription(
+            nodes=[codec.NodeDescription(name=n, params=p) for n, p in self.nodes],
+            start_node=start)
+
+
+def variable_value(value: Any):
+    """A Python value as its VariableValue member (bool, int, float, str, set of str)."""
+    if isinstance(value, bool):
+        return codec.VarBool(value=value)
+    if isinstance(value, int):
+        return codec.VarInt(value=value)
+    if isinstance(value, float):
+        return codec.VarFloat(value=value)
+    if isinstance(value, str):
+        return codec.VarString(value=value)
+    if isinstance(value, (set, frozenset, list, tuple)) and all(isinstance(v, str) for v in value):
+        return codec.VarStringSet(values=sorted(set(value)))
+    raise TypeError(f"no VariableValue for {type(value).__name__} (bool, int, float, str or a "
+                    "set of str)")
+
+
+def python_value(value: Any) -> Any:
+    if isinstance(value, codec.VarStringSet):
+        return set(value.values)
+    return value.value
+
+
+def Assign(name: str, value: Any):
+    return codec.VariableUpdate(name=name, op=codec.VariableOp.Assign, value=variable_value(value))
+
+
+def AddToSet(name: str, item: str):
+    return codec.VariableUpdate(name=name, op=codec.VariableOp.AddToSet,
+                                value=codec.VarString(value=item))
+
+
+def RemoveFromSet(name: str, item: str):
+    return codec.VariableUpdate(name=name, op=codec.VariableOp.RemoveFromSet,
+                                value=codec.VarString(value=item))
+
+
+def Reset(name: str):
+    return codec.VariableUpdate(name=name, op=codec.VariableOp.Reset)
+
+
+@dataclass
+class TurnResult:
+    status: int                        # codec.TurnStatus
+    texts: dict[str, str]              # node name -> that node's whole text, in order
+    tokens_generated: int
+    debug_info: str
+    errors: list[TryllError] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(t for t in self.texts.values() if t)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == codec.TurnStatus.Success
+
+
+class _TurnState:
+    """Frames of one turn, assembled (shared by the blocking and the asyncio stream)."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        self.errors: list[TryllError] = []
+        self.events: list[Any] = []
+        self.complete = None
+
+    def take(self, body) -> bool:
+        """Record a frame; True if it is a text chunk for the caller."""
+        if isinstance(body, codec.AnswerText):
+            prior = self.texts.get(body.node_name, "") if body.is_delta else ""
+            self.texts[body.node_name] = prior + body.text
+            return True
+        if isinstance(body, codec.ErrorResponse):
+            self.errors.append(TryllError(body.code, body.message))
+        elif isinstance(body, codec.NodeEvent):
+            self.events.append(body)
+        return False
+
+    def result(self) -> TurnResult:
+        c = self.complete
+        return TurnResult(status=c.status, texts=dict(self.texts),
+                          tokens_generated=c.tokens_generated, debug_info=c.debug_info,
+                          errors=list(self.errors), events=list(self.events))
+
+
+def _turn_final(body) -> bool:
+    # 4001 during a turn comes before its TurnComplete; any other error replaces the turn
+    return isinstance(body, codec.TurnComplete) or (
+        isinstance(body, codec.ErrorResponse) and body.code != ErrorCode.InferenceFailed)
+
+
+class AgentCalls:
+    """The agent requests, written once for both proxies (like client.core.Calls)."""
+
+    def __init__(self, client, agent_id: int) -> None:
+        self.client = client
+        self.id = agent_id
+
+    def _cancel(self, mode: int) -> Call:
+        return Call("CancelRequest", lambda rid: codec.CancelRequest(
+            request_id=rid, agent_id=self.id, mode=mode), lambda r: None)
+
+    def _change_params(self, node_name: str, params) -> Call:
+        return Call("ChangeAgentParamRequest", lambda rid: codec.ChangeAgentParamRequest(
+            request_id=rid, agent_id=self.id, node_name=node_name, params=params),
+            lambda r: None)
+
+    def _update_variables(self, updates) -> Call:
+        if isinstance(updates, Mapping):
+            updates = [Assign(k, v) for k, v in updates.items()]
+        updates = list(updates)
+        return Call("UpdateAgentVariablesRequest", lambda rid: codec.UpdateAgentVariablesRequest(
+            request_id=rid, agent_id=self.id, updates=updates), lambda r: None)
+
+    def _get_variables(self) -> Call:
+        return Call("GetAgentVariablesRequest", lambda rid: codec.GetAgentVariablesRequest(
+            request_id=rid, agent_id=self.id),
+            lambda r: {v.name: python_value(v.value) for v in r.variables})
+
+    def _destroy(self) -> Call:
+        return Call("DestroyAgentRequest", lambda rid: codec.DestroyAgentRequest(
+            request_id=rid, agent_id=self.id), lambda r: None)
+
+    def _send(self, text: str, state: _TurnState, on_frame: Callable[[Any], None]) -> Call:
+        def done(body):
+            state.complete = body
+            return state.result()
+        return Call("SendMessageRequest", lambda rid: codec.SendMessageRequest(
+            request_id=rid, agent_id=self.id, text=text), done, on_progress=on_frame,
+            is_final=_turn_final)
+
+
+def create_agent_call(graph: GraphDescription, *, variables: Mapping[str, Any] | None,
+                      enable_diagnostics: bool, maintain_dialogue_history: bool, workload: int,
+                      kv_cache_initialization: int, voice) -> Call:
+    wire_graph = graph.to_wire()
+    decls = [codec.AgentVariable(name=k, value=variable_value(v))
+             for k, v in (variables or {}).items()]
+    return Call("CreateAgentRequest", lambda rid: codec.CreateAgentRequest(
+        request_id=rid, graph=wire_graph, default_model_name=graph.default_model_name,
+        enable_diagnostics=enable_diagnostics, maintain_dialogue_history=maintain_dialogue_history,
+        variables=decls, kv_cache_initialization=kv_cache_initialization, workload=workload,
+        voice=voice), lambda r: r.agent_id)
+
+
+# --------------------------------------------------------------------------- blocking
+
+
+class TurnStream:
+    """Iterate for the turn's AnswerText chunks; result() for the TurnResult."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+        self.state = _TurnState()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.future = None
+
+    def _frame(self, body) -> None:                 # reader thread
+        if self.state.take(body):
+            self._queue.put(body)
+
+    def _done(self, _future) -> None:
+        self._queue.put(_END)
+
+    def __iter__(self):
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                self.future.result()                # raises a refused turn's TryllError
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> TurnResult:
+        self.agent.client._check_thread("TurnStream.result")
+        limit = self.agent.client.timeout if timeout is None else timeout
+        try:
+            return self.future.result(limit)
+        except TimeoutError:
+            raise TryllError(ErrorCode.Timeout, f"turn of agent {self.agent.id}: no "
+                                                f"TurnComplete within {limit} s") from None
+
+
+class Agent(AgentCalls):
+    """An agent of a TryllClient. Methods block for their Ack; send() returns a stream."""
+
+    def __init__(self, client, agent_id: int) -> None:
+        super().__init__(client, agent_id)
+        self._turn_slot = threading.Lock()
+        self.last_turn: TurnStream | None = None
+
+    def send(self, text: str, timeout: float | None = None) -> TurnStream:
+        """Start a turn (after the previous one completed)."""
+        client = self.client
+        limit = client.timeout if timeout is None else timeout
+        if not self._turn_slot.acquire(blocking=False):
+            client._check_thread("Agent.send while a turn runs")
+            if not self._turn_slot.acquire(timeout=-1 if limit is None else limit):
+                raise TryllError(ErrorCode.Timeout, f"agent {self.id}: the previous turn did "
+                                                    f"not complete within {limit} s")
+        stream = TurnStream(self)
+        client._agent_frames[self.id] = stream._frame
+        try:
+            stream.future = client.start(self._send(text, stream.state, stream._frame))
+        except BaseException:
+            self._turn_slot.release()
+            raise
+        stream.future.add_done_callback(lambda f: (self._turn_slot.release(), stream._done(f)))
+        self.last_turn = stream
+        return stream
+
+    def cancel(self, mode: int = codec.CancelMode.StopAndKeep, timeout=None) -> None:
+        self.client.wait(self._cancel(int(mode)), timeout)
+
+    def cancel_async(self, mode: int = codec.CancelMode.StopAndKeep):
+        return self.client.start(self._cancel(int(mode)))
+
+    def change_params(self, node_name: str, params, timeout=None) -> None:
+        self.client.wait(self._change_params(node_name, params), timeout)
+
+    def update_variables(self, updates, timeout=None) -> None:
+        """updates: VariableUpdate values (Assign / AddToSet / RemoveFromSet / Reset) or a
+        {name: value} dict of assignments."""
+        self.client.wait(self._update_variables(updates), timeout)
+
+    def get_variables(self, timeout=None) -> dict[str, Any]:
+        return self.client.wait(self._get_variables(), timeout)
+
+    def destroy(self, timeout=None) -> None:
+        self.client.wait(self._destroy(), timeout)
+        self.client._agent_frames.pop(self.id, None)
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+class AsyncTurnStream:
+    """`async for chunk in stream`; `await stream.result()`."""
+
+    def __init__(self, agent: "AsyncAgent") -> None:
+        self.agent = agent
+        self.state = _TurnState()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.future = None
+
+    def _frame(self, body) -> None:
+        if self.state.take(body):
+            self._queue.put_nowait(body)
+
+    def _done(self, _future) -> None:
+        self._queue.put_nowait(_END)
+
+    def __aiter__(self):
+        return self._chunks()
+
+    async def _chunks(self):
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                await self.future
+                return
+            yield item
+
+    async def result(self, timeout: float | None = None) -> TurnResult:
+        limit = self.agent.client.timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), limit)
+        except asyncio.TimeoutError:
+            raise TryllError(ErrorCode.Timeout, f"turn of agent {self.agent.id}: no "
+                                                f"TurnComplete within {limit} s") from None
+
+
+class AsyncAgent(AgentCalls):
+    def __init__(self, client, agent_id: int) -> None:
+        super().__init__(client, agent_id)
+        self._turn_slot = asyncio.Lock()
+
+    async def send(self, text: str) -> AsyncTurnStream:
+        await self._turn_slot.acquire()
+        stream = AsyncTurnStream(self)
+        self.client._agent_frames[self.id] = stream._frame
+        try:
+            stream.future = self.client.start(self._send(text, stream.state, stream._frame))
+        except BaseException:
+            self._turn_slot.release()
+            raise
+        stream.future.add_done_callback(lambda f: (self._turn_slot.release(), stream._done(f)))
+        return stream
+
+    async def cancel(self, mode: int = codec.CancelMode.StopAndKeep, timeout=None) -> None:
+        await self.client.wait(self._cancel(int(mode)), timeout)
+
+    async def change_params(self, node_name: str, params, timeout=None) -> None:
+        await self.client.wait(self._change_params(node_name, params), timeout)
+
+    async def update_variables(self, updates, timeout=None) -> None:
+        await self.client.wait(self._update_variables(updates), timeout)
+
+    async def get_variables(self, timeout=None) -> dict[str, Any]:
+        return await self.client.wait(self._get_variables(), timeout)
+
+    async def destroy(self, timeout=None) -> None:
+        await self.client.wait(self._destroy(), timeout)
+        self.client._agent_frames.pop(self.id, None)
+

@@ -1,0 +1,208 @@
+"""Agent messages (SPEC §5-§7): CreateAgent, DestroyAgent, SendMessage, Cancel,
+ChangeAgentParam, UpdateAgentVariables, GetAgentVariables.
+
+CreateAgent runs on the session's lane (it compiles the graph, checks models on disk and
+takes model leases, which may load a model). The others answer from memory on the reactor
+thread; a SendMessage hands its turn to the orchestrator. Agent ids are server-wide; an id
+this session never had is 3001, one it destroyed 3002.
+"""
+from __future__ import annotations
+
+import logging
+
+from tryll_fast import codec
+from tryll_fast.models import ModelError
+from tryll_fast.server.dispatch import handles
+from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.server.logs import fields
+from tryll_fast.workflow.agent import IDLE, PAUSED, RUNNING, Agent
+from tryll_fast.workflow.graph import CompileContext, check_change, compile_graph
+from tryll_fast.workflow.nodes import TYPES
+from tryll_fast.workflow.turn import Turn
+from tryll_fast.workflow.variables import Variables
+
+log = logging.getLogger("tryll_fast.server.agents")
+
+_KV_INIT = {int(m) for m in codec.KvCacheInitialization}
+_WORKLOAD = {int(m) for m in codec.AgentWorkload}
+_CANCEL = {int(m) for m in codec.CancelMode}
+
+
+def model_resolver(server, code: int, cache: dict | None = None):
+    """resolve_model for CompileContext: catalog entry, llm role, engine in this build,
+    on disk; returns (entry, KV cells the engine gets)."""
+    catalog = server.catalog
+    cap_limit = server.config.llama_max_n_ctx
+
+    def resolve(name: str, where: str):
+        if cache is not None and name in cache:
+            return cache[name]
+        entry = catalog.get(name)
+        if entry is None:
+            raise RequestError(code, f"{where}: model {name!r} is not in the model catalog "
+                                     f"(language models: {_llm_names(catalog)})")
+        if entry.role != "llm":
+            raise RequestError(code, f"{where}: model {name!r} is a {entry.role} model; this "
+                                     "node needs a language model")
+        if entry.engine not in server.models.loaders:
+            raise RequestError(code, f"{where}: model {name!r} runs on {entry.engine}, which "
+                                     "this server build does not have")
+        if not server.models.store.is_downloaded(name):
+            raise RequestError(code, f"{where}: model {name!r} is not downloaded; download it "
+                                     "first (DownloadModelRequest): CreateAgent never downloads")
+        result = (entry, min(entry.context_size or cap_limit, cap_limit))
+        if cache is not None:
+            cache[name] = result
+        return result
+
+    return resolve
+
+
+def _llm_names(catalog) -> str:
+    return ", ".join(e.name for e in catalog.visible() if e.role == "llm") or "none"
+
+
+def agent_of(session, agent_id: int) -> Agent:
+    agent = session.agents.get(agent_id)
+    if agent is None:
+        if agent_id in session.destroyed_agents:
+            raise RequestError(ErrorCode.AgentAlreadyDestroyed,
+                               f"agent {agent_id} was destroyed")
+        raise RequestError(ErrorCode.InvalidAgentId,
+                           f"agent_id {agent_id} names no agent of this session")
+    return agent
+
+
+def _busy(agent: Agent, what: str) -> RequestError:
+    doing = "running a turn" if agent.state == RUNNING else "paused in a turn"
+    return RequestError(ErrorCode.AgentBusy, f"agent {agent.id} is {doing}: {what}")
+
+
+@handles("CreateAgentRequest")
+def create_agent(session, req):
+    server = session.server
+    rid = req.request_id
+    limit = server.config.workflow_max_agents_per_session
+    if len(session.agents) >= limit:
+        raise RequestError(ErrorCode.GraphCompilationFailed,
+                           f"the session already has {len(session.agents)} agents, the most "
+                           "workflow.max_agents_per_session allows")
+    if req.kv_cache_initialization not in _KV_INIT:
+        raise RequestError(ErrorCode.GraphCompilationFailed,
+                           f"kv_cache_initialization {int(req.kv_cache_initialization)} is not "
+                           "a KvCacheInitialization (0..2)")
+    if req.workload not in _WORKLOAD:
+        raise RequestError(ErrorCode.GraphCompilationFailed,
+                           f"workload {int(req.workload)} is not an AgentWorkload (0..1)")
+    session.run_blocking(rid, "CreateAgentRequest", lambda: _create(session, req))
+
+
+def _create(session, req):
+    server = session.server
+    variables = Variables(req.variables)
+    resolved: dict = {}
+    ctx = CompileContext(node_names=frozenset(), default_model=req.default_model_name,
+                         variables=variables,
+                         resolve_model=model_resolver(server, ErrorCode.GraphCompilationFailed,
+                                                      resolved))
+    graph = compile_graph(req.graph, ctx, TYPES)
+    agent = Agent(server.new_agent_id(), session, server.runtime, graph, variables,
+                  default_model=req.default_model_name, diagnostics=req.enable_diagnostics,
+                  maintain_history=req.maintain_dialogue_history, workload=int(req.workload),
+                  kv_init=int(req.kv_cache_initialization), voice=req.voice)
+    agent.resolved_models = resolved
+    try:
+        if agent.kv_init != codec.KvCacheInitialization.DeferAllocation:
+            agent.lease_all()
+        prefill = agent.prefill() if agent.kv_init == codec.KvCacheInitialization.Prefill \
+            else None
+    except ModelError as exc:
+        agent.release()
+        raise RequestError(ErrorCode.GraphCompilationFailed,
+                           f"a model of the graph cannot be loaded: {exc.message}") from None
+    except BaseException:
+        agent.release()
+        raise
+    if not server.register_agent(session, agent):
+        agent.release()             # the session went away while the agent was built
+        return None
+    log.info("agent created", extra=fields(session=session.id, agent=agent.id,
+                                           nodes=len(graph.nodes), models=sorted(agent.leases),
+                                           prefill=prefill))
+    return codec.CreateAgentResponse(request_id=req.request_id, agent_id=agent.id)
+
+
+@handles("DestroyAgentRequest", during_shutdown=True)
+def destroy_agent(session, req):
+    agent = agent_of(session, req.agent_id)
+    session.server.destroy_agent(session, agent)
+    return codec.Ack(request_id=req.request_id)
+
+
+@handles("SendMessageRequest")
+def send_message(session, req):
+    agent = agent_of(session, req.agent_id)
+    with agent.lock:
+        if agent.state != IDLE:
+            raise _busy(agent, "one turn at a time; wait for its TurnComplete")
+        agent.state = RUNNING
+        holder = {}
+        op = session.begin_operation(
+            "turn", f"agent {agent.id}",
+            lambda: holder["turn"].cancel(codec.CancelMode.StopAndDiscard))
+        turn = holder["turn"] = agent.turn = Turn(agent, req.request_id, req.text, op)
+    agent.runtime.spawn(turn.run())
+    return None
+
+
+@handles("CancelRequest", during_shutdown=True)
+def cancel(session, req):
+    agent = agent_of(session, req.agent_id)
+    if req.mode not in _CANCEL:
+        raise RequestError(ErrorCode.InvalidParamValue,
+                           f"mode {int(req.mode)} is not a CancelMode (0..1)")
+    with agent.lock:
+        turn = agent.turn if agent.state in (RUNNING, PAUSED) else None
+    if turn is not None:
+        turn.cancel(int(req.mode))
+    return codec.Ack(request_id=req.request_id)
+
+
+@handles("ChangeAgentParamRequest")
+def change_agent_param(session, req):
+    agent = agent_of(session, req.agent_id)
+    node = agent.graph.nodes.get(req.node_name)
+    if node is None:
+        raise RequestError(ErrorCode.UnknownNode,
+                           f"agent {agent.id} has no node {req.node_name!r} (nodes: "
+                           f"{', '.join(agent.graph.nodes)})")
+    with agent.lock:
+        if agent.state == RUNNING:
+            raise _busy(agent, "params change only while idle or paused")
+        ctx = CompileContext(node_names=frozenset(agent.graph.nodes),
+                             default_model=agent.default_model, variables=agent.variables,
+                             resolve_model=model_resolver(session.server,
+                                                          ErrorCode.InvalidParamValue,
+                                                          agent.resolved_models),
+                             code=ErrorCode.InvalidParamValue)
+        spec = check_change(node, req.params, ctx)
+        node.params, node.spec = req.params, spec
+    return codec.Ack(request_id=req.request_id)
+
+
+@handles("UpdateAgentVariablesRequest")
+def update_variables(session, req):
+    agent = agent_of(session, req.agent_id)
+    with agent.lock:
+        if agent.state == RUNNING:
+            raise _busy(agent, "variables change only while idle or paused")
+        agent.variables.apply(req.updates)
+    return codec.Ack(request_id=req.request_id)
+
+
+@handles("GetAgentVariablesRequest")
+def get_variables(session, req):
+    agent = agent_of(session, req.agent_id)
+    return codec.GetAgentVariablesResponse(request_id=req.request_id,
+                                           variables=agent.variables.snapshot())
+

@@ -1,0 +1,12 @@
+"""The workflow: agents, their graphs, and the turns that walk them.
+
+Owns: compiling a GraphDescription into a Graph (graph.py, every rule checked up front),
+the node types (nodes/), an agent's variables (variables.py), dialog (dialog.py) and
+per-node projections into prompt tokens (projection.py), Mustache templates
+(templates.py), the turn executor (turn.py) on the orchestrator's event loop (runtime.py),
+and the compiled token stream from engine to socket (_stream.pyx).
+
+It uses the engines through their public API (submit / on_text / on_finish / gate) and
+the connection only to send frames; sessions, request routing and error replies are the
+server's (tryll_fast/server/handlers/agents.py).
+"""

@@ -1,0 +1,114 @@
+"""The dialog: interactions (one per turn or scripted exchange), each a list of components.
+
+A component is one thing a turn produced or received: the player's message (slot
+`user_message`), a node's reply (slot = the node's name, role assistant), an instruction
+(hidden: it shapes this turn's prompts only). Tool calls, tool results, knowledge and
+summaries join as further kinds with the tool-call issue. The component kinds and roles map
+one to one onto the TDLG snapshot (schema/dialog.fbs), so export keeps full fidelity.
+
+Projection (projection.py) turns interactions into chat messages: per interaction the
+user message, then its assistant replies joined into one assistant message (templates that
+insist on alternating roles stay happy). `version` changes on every edit that is not an
+append at the end, so a projection knows when its token window must be rebuilt.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+USER_SLOT = "user_message"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Component:
+    kind: str                 # "user" | "assistant" | "instruction"
+    slot: str                 # USER_SLOT, or the producing node's name
+    text: str
+    node_name: str = ""
+    name: str = ""            # instruction name
+    role: str = "assistant"   # "user" | "assistant" | "hidden"
+    producer: str = "node"    # "player" | "node" | "client_injected"
+    created_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class Interaction:
+    id: int
+    started_ms: int = field(default_factory=now_ms)
+    completed_ms: int = 0
+    outcome: str = "running"  # running | completed | cancelled_kept | failed
+    components: list[Component] = field(default_factory=list)
+
+    @property
+    def user_text(self) -> str | None:
+        for c in self.components:
+            if c.kind == "user":
+                return c.text
+        return None
+
+    def assistant_text(self) -> str:
+        return "\n".join(c.text for c in self.components if c.kind == "assistant" and c.text)
+
+    def slot(self, name: str) -> str | None:
+        """The text in a slot: the player's message, or the last output of a node."""
+        for c in reversed(self.components):
+            if c.slot == name and c.kind in ("user", "assistant"):
+                return c.text
+        return None
+
+    def add(self, component: Component) -> Component:
+        self.components.append(component)
+        return component
+
+
+class Dialog:
+    def __init__(self) -> None:
+        self.interactions: list[Interaction] = []
+        self._ids = itertools.count(1)
+        self.version = 0          # bumped by edits other than appending at the end
+
+    def __len__(self) -> int:
+        return len(self.interactions)
+
+    def begin(self, user_text: str) -> Interaction:
+        """A new interaction holding the player's message."""
+        inter = Interaction(id=next(self._ids))
+        inter.add(Component(kind="user", slot=USER_SLOT, text=user_text, role="user",
+                            producer="player"))
+        self.interactions.append(inter)
+        return inter
+
+    def append_scripted(self, user: str, assistant: str) -> Interaction:
+        inter = Interaction(id=next(self._ids), outcome="completed")
+        if user:
+            inter.add(Component(kind="user", slot=USER_SLOT, text=user, role="user",
+                                producer="client_injected"))
+        if assistant:
+            inter.add(Component(kind="assistant", slot="assistant_message", text=assistant,
+                                producer="client_injected"))
+        inter.completed_ms = inter.started_ms
+        self.interactions.append(inter)
+        return inter
+
+    def remove(self, inter: Interaction) -> None:
+        """Take an interaction out (StopAndDiscard, a failed turn)."""
+        if inter in self.interactions:
+            self.interactions.remove(inter)
+            self.version += 1
+
+    def remove_from_end(self, count: int) -> int:
+        n = min(count, len(self.interactions))
+        if n:
+            del self.interactions[-n:]
+            self.version += 1
+        return n
+
+    def clear(self) -> None:
+        if self.interactions:
+            self.interactions.clear()
+            self.version += 1

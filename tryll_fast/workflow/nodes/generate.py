@@ -1,0 +1,84 @@
+"""Generate: the language model on the projected dialog; appends the reply (SPEC §5, §6).
+
+- model_name empty = the agent's default; context_size 0 = the model's window;
+- system_prompt pinned first; `template` (Mustache) rendered each run and placed by
+  `placement` (into the user turn, a system message before it, or the system prompt's end);
+- `input` names the slot projected as the user turn (empty = the player's message, else a
+  node that ran earlier in this turn);
+- send Streamed: AnswerText deltas as tokens arrive, then the empty terminator; Whole: one
+  chunk with the whole reply; None: nothing (the reply is still appended to the dialog).
+Context overrides and LoRA adaptation are not in this build: a node asking for them is
+refused at creation rather than run without them.
+"""
+from __future__ import annotations
+
+from tryll_fast import codec
+from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.workflow.dialog import USER_SLOT
+from tryll_fast.workflow.graph import CompileContext, Node, NodeType
+from tryll_fast.workflow.nodes.llm import compile_llm
+from tryll_fast.workflow.templates import TemplateError, compile_template
+
+_SEND = {int(m) for m in codec.SendMode}
+_PLACEMENT = {int(m) for m in codec.PromptPlacement}
+
+
+def check_slot(name: str, slot: str, ctx: CompileContext) -> str:
+    slot = slot or USER_SLOT
+    if slot != USER_SLOT and slot not in ctx.node_names:
+        raise ctx.fail(f"node {name!r}", f"input {slot!r} is neither {USER_SLOT!r} nor a node "
+                                         "of the graph")
+    return slot
+
+
+def check_unsupported(name: str, params) -> None:
+    ctx_over = params.context
+    if ctx_over is not None and ctx_over.to_dict() != codec.ContextOverrides().to_dict():
+        raise RequestError(ErrorCode.FeatureNotAvailable,
+                           f"node {name!r}: per-node context overrides are not in this server "
+                           "build (every agent shares one llama.cpp context per model)")
+    adaptation = params.adaptation
+    if adaptation is not None and len(adaptation.loras):
+        raise RequestError(ErrorCode.FeatureNotAvailable,
+                           f"node {name!r}: LoRA adaptation is not in this server build yet")
+
+
+def compile_template_field(name: str, field: str, source: str, ctx: CompileContext):
+    try:
+        return compile_template(source)
+    except TemplateError as exc:
+        raise ctx.fail(f"node {name!r}", f"{field}: {exc}") from None
+
+
+class GenerateNode(NodeType):
+    kind = "Generate"
+    params_cls = codec.GenerateParams
+    exits = ("default",)
+    uses_model = True
+
+    def compile(self, name: str, p, ctx: CompileContext):
+        check_unsupported(name, p)
+        if p.send not in _SEND:
+            raise ctx.fail(f"node {name!r}", f"send {int(p.send)} is not a SendMode (0..2)")
+        if p.placement not in _PLACEMENT:
+            raise ctx.fail(f"node {name!r}",
+                           f"placement {int(p.placement)} is not a PromptPlacement (0..2)")
+        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx)
+        spec.extra["template"] = compile_template_field(name, "template", p.template, ctx)
+        spec.extra["input"] = check_slot(name, p.input, ctx)
+        return spec
+
+    def model_names(self, node: Node, default_model: str) -> tuple[str, ...]:
+        return (node.spec.model,)
+
+    async def run(self, turn, node: Node) -> str:
+        p = node.params
+        spec = node.spec
+        template = spec.extra["template"]
+        rendered = template.render(turn.template_context()) if template else ""
+        text = await turn.generate(node, spec, system_prompt=p.system_prompt,
+                                   template_text=rendered, placement=int(p.placement),
+                                   input_text=turn.slot(spec.extra["input"]),
+                                   send=int(p.send))
+        turn.add_reply(node, text)
+        return "default"

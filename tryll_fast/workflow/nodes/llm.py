@@ -1,0 +1,97 @@
+"""What every language-model node shares: its model, its context size, its sampling.
+
+Sampling = the catalog entry's `default_sampling`, then the node's SamplingOverrides where
+they are set (a negative number means unset; SPEC "Sentinels"). Stop strings: the node's
+list replaces the model's; empty = the chat template's end-of-turn markers plus the
+catalog's `stop`. max_tokens must be > 0 and < the node's context size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tryll_fast.workflow.graph import CompileContext
+
+DEFAULT_MAX_TOKENS = 256
+# SamplingOverrides field -> its highest value (None = unbounded). Every field is unset
+# when negative, so a set value is >= 0 by construction.
+_HIGHEST = {
+    "temperature": None,
+    "top_k": None,
+    "top_p": 1.0,
+    "min_p": 1.0,
+    "repeat_penalty": None,
+    "presence_penalty": 2.0,
+    "frequency_penalty": 2.0,
+    "seed": 4294967295,
+}
+_UNSET_SEED = 4294967295     # SamplingOverrides.seed: a random seed per request
+
+
+@dataclass(frozen=True)
+class LlmSpec:
+    model: str
+    n_ctx: int                         # the node's token window
+    sampling: dict[str, Any]           # SamplingParams fields except stop
+    stop: tuple[str, ...] | None       # None = the template's and catalog's own
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling["max_tokens"]
+
+
+def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: CompileContext,
+                *, default_context: int = 0) -> LlmSpec:
+    where = f"node {name!r}"
+    model = model_name or ctx.default_model
+    if not model:
+        raise ctx.fail(where, "model_name is empty and the agent has no default_model_name")
+    entry, cap = ctx.resolve_model(model, where)
+    if context_size < 0:
+        raise ctx.fail(where, f"context_size {context_size} is negative (0 = the model's)")
+    n_ctx = context_size or default_context or cap
+    if n_ctx > cap:
+        raise ctx.fail(where, f"context_size {n_ctx} exceeds the {cap} tokens model "
+                              f"{model!r} is loaded with (llama.max_n_ctx and its catalog "
+                              "context_size)")
+    sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx)
+    stop = None
+    if overrides is not None and overrides.stop:
+        stop = tuple(overrides.stop)
+        for i, s in enumerate(stop):
+            if not s:
+                raise ctx.fail(where, f"sampling.stop[{i}] is empty")
+    return LlmSpec(model=model, n_ctx=n_ctx, sampling=sampling, stop=stop,
+                   extra={"catalog_stop": tuple(entry.default_sampling.get("stop", ()))})
+
+
+def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
+                     ctx: CompileContext) -> dict[str, Any]:
+    out = {k: v for k, v in base.items() if k != "stop"}
+    out.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    if overrides is not None:
+        for name, high in _HIGHEST.items():
+            value = getattr(overrides, name)
+            if value < 0:
+                continue          # unset: keep the model's default
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ctx.fail(where, f"sampling.{name} is not a finite number")
+            if high is not None and value > high:
+                raise ctx.fail(where, f"sampling.{name} = {value:g} is above {high:g}")
+            if name == "top_p" and value == 0:
+                raise ctx.fail(where, "sampling.top_p = 0 keeps no token; 1 disables top-p")
+            if name == "repeat_penalty" and value == 0:
+                raise ctx.fail(where, "sampling.repeat_penalty must be > 0 (1 = off)")
+            out[name] = value
+        if overrides.max_tokens >= 0:
+            if overrides.max_tokens == 0:
+                raise ctx.fail(where, "sampling.max_tokens must be > 0")
+            out["max_tokens"] = overrides.max_tokens
+    if out["max_tokens"] >= n_ctx:
+        raise ctx.fail(where, f"sampling.max_tokens {out['max_tokens']} must be smaller than "
+                              f"the node's context size {n_ctx}")
+    seed = out.pop("seed", None)
+    out["seed"] = None if seed is None or seed == _UNSET_SEED else int(seed)
+    return out

@@ -1,0 +1,74 @@
+"""The orchestrator: one asyncio event loop on its own thread runs every turn.
+
+A turn is a coroutine (turn.py). Nodes that only touch memory run inline; a language-model
+node submits to its engine and awaits the request's on_finish, which the scheduler thread
+hands back with call_soon_threadsafe. Tokens do not come here: they go from the scheduler
+thread straight to the connection (AnswerStream). Blocking work a turn needs (loading a
+model on first use) runs on the server's worker pool. Pause timeouts (the tool-call issue)
+will be timers on this loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Coroutine
+
+from tryll_fast.engines.llama.chat import ChatFormatter
+
+log = logging.getLogger("tryll_fast.workflow")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps_per_turn: int = 64
+    max_agents_per_session: int = 256
+    regex_timeout_s: float = 0.05
+
+
+class Runtime:
+    def __init__(self, models, workers: concurrent.futures.Executor, limits: Limits) -> None:
+        self.models = models
+        self.workers = workers
+        self.limits = limits
+        self.loop = asyncio.new_event_loop()
+        self._formatters: "weakref.WeakKeyDictionary[Any, ChatFormatter]" = \
+            weakref.WeakKeyDictionary()
+        self._formatter_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tryll-orchestrator",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def spawn(self, coro: Coroutine) -> concurrent.futures.Future:
+        """Run a coroutine on the orchestrator (any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def formatter(self, engine) -> ChatFormatter:
+        """The chat formatter of an engine's model (built once per engine)."""
+        with self._formatter_lock:
+            f = self._formatters.get(engine)
+            if f is None:
+                f = ChatFormatter.from_llama_model(engine.model)
+                self._formatters[engine] = f
+            return f
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
