@@ -85,6 +85,20 @@ def transport_ratio(case):
     return measure
 
 
+def workflow_info(data, case):
+    for b in data["benchmarks"]:
+        info = b.get("extra_info", {})
+        if info.get("suite") == "workflow" and info.get("case") == case:
+            return info
+    return {}
+
+
+def workflow_value(case, key):
+    def measure(data):
+        return float(workflow_info(data, case).get(key, float("nan")))
+    return measure
+
+
 # name, how to measure, op, threshold
 GATES = [
     ("codec_decode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "decode").values()),
@@ -97,6 +111,10 @@ GATES = [
     ("engine_kv_sharing_efficiency", kv_sharing_efficiency, ">=", 0.95),
     ("transport_rps_vs_uvloop_64conn", transport_ratio("rps_64conn"), ">=", 1.3),
     ("transport_stream_vs_uvloop", transport_ratio("stream_100k"), ">=", 1.5),
+    ("workflow_first_token_overhead_ms",
+     workflow_value("single_agent", "first_token_overhead_ms_p50"), "<=", 2.0),
+    ("workflow_token_overhead_us", workflow_value("single_agent", "token_handoff_us_p50"),
+     "<=", 50.0),
 ]
 
 
@@ -109,6 +127,12 @@ def report(data):
             details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
                        if k not in ("suite", "case")}
             print(f"{case:16} {median:9.3f}  {details}")
+    for case in ("single_agent", "eight_agents"):
+        info = workflow_info(data, case)
+        if info:
+            details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
+                       if k not in ("suite", "case")}
+            print(f"workflow {case:14} {details}")
     transport = transport_cases(data)
     if transport:
         print(f"{'transport case':16} {'impl':13} {'median s':>9}  details")

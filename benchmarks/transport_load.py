@@ -22,11 +22,15 @@ REQUEST = codec.encode(codec.SetSessionLocaleRequest(request_id=7, locale="en-US
 class ServerProcess:
     """A benchmark server in a subprocess (benchmarks.transport_server)."""
 
-    def __init__(self, impl: str, direct_send: bool = True) -> None:
+    def __init__(self, impl: str, direct_send: bool = True, *, models_dir: str | None = None,
+                 settings: tuple[str, ...] = ()) -> None:
         self.impl = impl
+        extra = ["--models-dir", models_dir] if models_dir else []
+        for item in settings:
+            extra += ["--set", item]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.transport_server", "--impl", impl,
-             "--direct-send", str(int(direct_send))],
+             "--direct-send", str(int(direct_send)), *extra],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):

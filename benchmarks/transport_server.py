@@ -1,6 +1,7 @@
 """Run one benchmark server in this process until stdin closes.
 
     python -m benchmarks.transport_server --impl reactor|uvloop [--direct-send 0|1]
+        [--models-dir DIR] [--set key=value ...]
 
 Prints `PORT <n>` once listening. Both implementations are the same Server (sessions,
 codec, handlers, dev mode, no models); only the transport differs.
@@ -16,12 +17,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--impl", choices=("reactor", "uvloop"), required=True)
     parser.add_argument("--direct-send", type=int, default=1)
+    parser.add_argument("--models-dir", help="models (default: an empty scratch dir)")
+    parser.add_argument("--set", action="append", default=[], help="more config overrides")
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="tryll-bench-")
     config = load_config(environ={}, flags={
-        "port": 0, "dev": True, "models_dir": f"{scratch}/models",
+        "port": 0, "dev": True, "models_dir": args.models_dir or f"{scratch}/models",
         "storage_root": f"{scratch}/storage", "log_level": "warning"},
-        overrides=[f"transport.direct_send={args.direct_send}"])
+        overrides=[f"transport.direct_send={args.direct_send}", *args.set])
     if args.impl == "reactor":
         server = Server(config)
     else:

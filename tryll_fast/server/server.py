@@ -359,6 +359,9 @@ class Server:
             if hasattr(engine, "set_throttle"):
                 self._engines.add(engine)
                 engine.set_throttle(self.throttle.effective)
+            model = getattr(engine, "model", None)
+            if model is not None and hasattr(model, "special_tokens"):
+                model.special_tokens       # scan the vocabulary now, not in a first turn
             return engine
         return load
 

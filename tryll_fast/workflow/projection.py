@@ -17,6 +17,8 @@ it once and shares its KV cells between those agents.
 """
 from __future__ import annotations
 
+import bisect
+import logging
 from dataclasses import dataclass
 
 from tryll_fast import codec
@@ -24,6 +26,7 @@ from tryll_fast.workflow.dialog import Dialog, Interaction
 
 KEEP_FRACTION = 0.75
 Placement = codec.PromptPlacement
+log = logging.getLogger("tryll_fast.workflow")
 
 
 class ProjectionError(ValueError):
@@ -39,6 +42,80 @@ class Prompt:
     dropped: int              # interactions that left the window in this build
 
 
+def common_prefix_len(a: bytes, b: bytes) -> int:
+    """Length of the common prefix, by binary search over slice comparisons (memcmp)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PromptTokenizer:
+    """Tokenizes successive prompts of one conversation, re-using the previous prompt's
+    tokens up to the last special token the two prompts share.
+
+    With parse_special, llama.cpp cuts the text at every special token (<|im_start|>,
+    <end_of_turn>, …) and tokenizes the pieces between them on their own, so the tokens of
+    a text that ends right after a special token do not depend on what follows. A new
+    turn's prompt repeats the previous one up to its last message, so only the new tail is
+    tokenized: the cost of a turn stays flat instead of growing with the dialog. Anything
+    unexpected (a special token whose text is not found where it should be) turns the
+    reuse off for this conversation, and every prompt is tokenized whole.
+    """
+
+    def __init__(self, engine, add_bos: bool) -> None:
+        self.engine = engine
+        self.add_bos = add_bos
+        self.special = engine.model.special_tokens
+        self.bos = engine.model.bos
+        self.enabled = True
+        self._raw = b""
+        self._ids: list[int] = []
+        self._bound_bytes: list[int] = []   # byte offset just after each special token
+        self._bound_toks: list[int] = []    # token count at that offset
+
+    def tokenize(self, text: str) -> list[int]:
+        raw = text.encode("utf-8")
+        if not self.enabled:
+            return self.engine.tokenize(text, add_special=self.add_bos, parse_special=True)
+        keep = 0
+        if self._raw:
+            shared = common_prefix_len(raw, self._raw)
+            keep = bisect.bisect_right(self._bound_bytes, shared)
+        start_byte = self._bound_bytes[keep - 1] if keep else 0
+        start_tok = self._bound_toks[keep - 1] if keep else 0
+        tail = self.engine.tokenize(raw[start_byte:].decode("utf-8"),
+                                    add_special=self.add_bos and start_byte == 0,
+                                    parse_special=True)
+        ids = self._ids[:start_tok] + tail
+        bound_bytes = self._bound_bytes[:keep]
+        bound_toks = self._bound_toks[:keep]
+        pos = start_byte
+        for k, tok in enumerate(tail):
+            piece = self.special.get(tok)
+            if piece is None:
+                continue
+            if start_byte == 0 and k == 0 and tok == self.bos and not raw.startswith(piece):
+                continue                     # the BOS the tokenizer added itself
+            found = raw.find(piece, pos)
+            if found < 0:
+                log.debug("special token %d not found in the prompt: reuse off", tok)
+                self.enabled = False
+                self._raw, self._ids = b"", []
+                return self.engine.tokenize(text, add_special=self.add_bos,
+                                            parse_special=True)
+            pos = found + len(piece)
+            bound_bytes.append(pos)
+            bound_toks.append(start_tok + k + 1)
+        self._raw, self._ids = raw, ids
+        self._bound_bytes, self._bound_toks = bound_bytes, bound_toks
+        return list(ids)
+
+
 class Projection:
     """Per agent x node; rebuilt from scratch when the dialog was edited."""
 
@@ -49,6 +126,7 @@ class Projection:
         self.dialog_version = -1
         self._prefix_key: str | None = None
         self._prefix_tokens: list[int] = []
+        self._tokenizer = PromptTokenizer(engine, formatter.add_bos)
 
     def invalidate(self) -> None:
         self.window_start = 0
@@ -90,7 +168,7 @@ class Projection:
                 if a:
                     msgs.append({"role": "assistant", "content": a})
             text = self.formatter.render(msgs + tail, add_generation_prompt=True)
-            return text, self._tokenize(text)
+            return text, self._tokenizer.tokenize(text)
 
         high = n_ctx - reserve
         text, tokens = render(0)

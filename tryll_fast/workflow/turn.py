@@ -192,6 +192,7 @@ class Turn:
         """Run the node's model on its projection; stream per `send`; return the reply."""
         agent = self.agent
         runtime = agent.runtime
+        self._mark("node_start")
         engine = await agent.engine(spec.model)
         if self.cancelled:
             raise TurnCancelled()
@@ -202,6 +203,7 @@ class Turn:
                                   template_text=template_text, placement=placement,
                                   input_text=input_text, n_ctx=spec.n_ctx,
                                   reserve=spec.max_tokens)
+        self._mark("projected")
         stop = spec.stop if spec.stop is not None else tuple(
             dict.fromkeys(formatter.stop_strings + spec.extra["catalog_stop"]))
         sampling = SamplingParams(stop=stop, **spec.sampling)
@@ -222,6 +224,7 @@ class Turn:
                                    on_finish=finished, gate=self.conn)
             if stream is not None:
                 stream.handle = handle
+            self._mark("submitted")
             self._handles.add(handle)
             if self.cancelled:
                 handle.cancel()
@@ -252,6 +255,12 @@ class Turn:
         return text
 
     # ---- diagnostics ----
+
+    def _mark(self, what: str) -> None:
+        """Milliseconds since the SendMessage was dispatched, per step of a model node."""
+        if self._diag is not None:
+            self._diag.setdefault("since_request_ms", {})[what] = round(
+                (time.perf_counter() - self.t_start) * 1000, 3)
 
     def _begin_node(self, node) -> None:
         if self.agent.diagnostics:

@@ -176,7 +176,8 @@ FALLBACK_TEMPLATES: tuple[FallbackTemplate, ...] = (
 # --------------------------------------------------------------------------- messages
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
+    # dict first: isinstance against typing.Mapping is an ABC check, slow per field
+    if type(obj) is dict or isinstance(obj, Mapping):
         return obj.get(key, default)
     return getattr(obj, key, default)
 

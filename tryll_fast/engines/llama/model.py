@@ -164,6 +164,24 @@ class LlamaModel:
             self._eog_tokens = cached
         return cached
 
+    @property
+    def special_tokens(self) -> dict[int, bytes]:
+        """Control and user-defined tokens (what parse_special recognizes in text) by id,
+        with their text. The tokenizer splits the text at each of them and tokenizes the
+        pieces between on their own. The vocabulary is scanned once."""
+        cached = getattr(self, "_special_tokens", None)
+        if cached is None:
+            vocab = self.vocab_handle
+            mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
+            cached = {}
+            for t in range(self.n_vocab):
+                if C.llama_vocab_get_attr(vocab, t) & mask:
+                    text = C.llama_vocab_get_text(vocab, t)
+                    if text:
+                        cached[t] = bytes(text)
+            self._special_tokens = cached
+        return cached
+
     def check_tokens(self, tokens) -> None:
         """Raise unless every id is in [0, n_vocab): llama_decode rejects others."""
         n = self.n_vocab
