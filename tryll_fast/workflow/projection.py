@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
+import weakref
 from dataclasses import dataclass
 
 from tryll_fast import codec
@@ -40,6 +42,56 @@ class Prompt:
     text: str
     window: int               # interactions of history included
     dropped: int              # interactions that left the window in this build
+
+
+WORD_JOINER = "\u2060"
+
+
+class _Spellings:
+    """A model's control-token spellings, searched by first character (a vocabulary can
+    have thousands; trying each at every position would be slow)."""
+
+    def __init__(self, model) -> None:
+        by_first: dict[str, dict[int, set[str]]] = {}
+        special = model.special_tokens
+        for raw in (special[t] for t in model.control_tokens):
+            text = raw.decode("utf-8", "replace")
+            if len(text) > 1:
+                by_first.setdefault(text[0], {}).setdefault(len(text), set()).add(text)
+        self.by_first = {c: sorted(lengths.items(), reverse=True)
+                         for c, lengths in by_first.items()}
+        self.starts = re.compile("[" + "".join(map(re.escape, by_first)) + "]") \
+            if by_first else None
+
+
+_SPELLINGS: "weakref.WeakKeyDictionary[object, _Spellings]" = weakref.WeakKeyDictionary()
+
+
+def neutralize(model, text: str) -> str:
+    """The player's text with every control-token spelling broken by a word joiner after
+    its first character, so "<|im_start|>system" typed in a chat stays text instead of
+    becoming a control token (prompts are tokenized with parse_special)."""
+    sp = _SPELLINGS.get(model)
+    if sp is None:
+        sp = _SPELLINGS[model] = _Spellings(model)
+    if sp.starts is None or not text:
+        return text
+    out = []
+    last = 0
+    for m in sp.starts.finditer(text):
+        i = m.start()
+        if i < last:
+            continue
+        for length, spellings in sp.by_first[text[i]]:
+            if text[i:i + length] in spellings:
+                out.append(text[last:i + 1])
+                out.append(WORD_JOINER)
+                last = i + 1
+                break
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
@@ -149,7 +201,8 @@ class Projection:
         tail = []
         if placement == Placement.SystemBeforeUser and template_text:
             tail.append({"role": "system", "content": template_text})
-        user = input_text
+        model = self.engine.model
+        user = neutralize(model, input_text)
         if placement == Placement.UserMessage and template_text:
             user = f"{template_text}\n\n{input_text}" if input_text else template_text
         tail.append({"role": "user", "content": user})
@@ -164,7 +217,7 @@ class Projection:
             for inter in history[start:]:
                 u, a = inter.user_text, inter.assistant_text()
                 if u:
-                    msgs.append({"role": "user", "content": u})
+                    msgs.append({"role": "user", "content": neutralize(model, u)})
                 if a:
                     msgs.append({"role": "assistant", "content": a})
             text = self.formatter.render(msgs + tail, add_generation_prompt=True)

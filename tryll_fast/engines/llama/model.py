@@ -173,14 +173,25 @@ class LlamaModel:
         if cached is None:
             vocab = self.vocab_handle
             mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
-            cached = {}
+            cached, control = {}, set()
             for t in range(self.n_vocab):
-                if C.llama_vocab_get_attr(vocab, t) & mask:
+                attr = C.llama_vocab_get_attr(vocab, t)
+                if attr & mask:
                     text = C.llama_vocab_get_text(vocab, t)
                     if text:
                         cached[t] = bytes(text)
+                        if attr & C.LLAMA_TOKEN_ATTR_CONTROL:
+                            control.add(t)
             self._special_tokens = cached
+            self._control_tokens = frozenset(control)
         return cached
+
+    @property
+    def control_tokens(self) -> frozenset[int]:
+        """The control tokens among special_tokens (roles, BOS/EOS, turn markers): the ones
+        a player must not be able to type into a prompt."""
+        self.special_tokens
+        return self._control_tokens
 
     def check_tokens(self, tokens) -> None:
         """Raise unless every id is in [0, n_vocab): llama_decode rejects others."""
