@@ -111,17 +111,8 @@ class AsyncTryllClient(ClientCore):
             raise TryllError(ErrorCode.ConnectionDropped, "the client is not connected")
         self._writer.write(frame)
 
-    def set_inference_throttle(self, throttle: float) -> None:
-        """Fire-and-forget: 0 = full speed ... 1 = yield as much as possible."""
-        self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
-
     def start(self, call: Call) -> asyncio.Future:
-        rid, future = self._register(call.what, call.on_progress, call.is_final)
-        try:
-            self.send_frame(codec.encode(call.build(rid)))
-        except BaseException:
-            self._forget(rid)
-            raise
+        future = self._send_call(call)
         out = self._loop.create_future()
 
         def done(f: asyncio.Future) -> None:

@@ -146,6 +146,23 @@ class ClientCore:
             self._pending[rid] = Pending(future, what, on_progress, is_final)
         return rid, future
 
+    def send_frame(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    def set_inference_throttle(self, throttle: float) -> None:
+        """Fire-and-forget: 0 = full speed ... 1 = yield as much as possible."""
+        self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
+
+    def _send_call(self, call: "Call"):
+        """Register a request id for the call and send it; the raw reply future."""
+        rid, future = self._register(call.what, call.on_progress, call.is_final)
+        try:
+            self.send_frame(codec.encode(call.build(rid)))
+        except BaseException:
+            self._forget(rid)
+            raise
+        return future
+
     def _forget(self, rid: int) -> None:
         with self._pending_lock:
             self._pending.pop(rid, None)

@@ -130,18 +130,9 @@ class TryllClient(ClientCore):
         except OSError as exc:
             raise TryllError(ErrorCode.ConnectionDropped, f"send failed: {exc}") from None
 
-    def set_inference_throttle(self, throttle: float) -> None:
-        """Fire-and-forget: 0 = full speed ... 1 = yield as much as possible."""
-        self.send_frame(codec.encode(codec.SetInferenceThrottle(throttle=float(throttle))))
-
     def start(self, call: Call) -> concurrent.futures.Future:
         """Send a Call; its future resolves to the call's result."""
-        rid, future = self._register(call.what, call.on_progress, call.is_final)
-        try:
-            self.send_frame(codec.encode(call.build(rid)))
-        except BaseException:
-            self._forget(rid)
-            raise
+        future = self._send_call(call)
         out: concurrent.futures.Future = concurrent.futures.Future()
 
         def done(f: concurrent.futures.Future) -> None:
