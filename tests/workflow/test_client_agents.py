@@ -1,19 +1,21 @@
 """The client's agent surface (blocking and asyncio) and `tryll-fast chat`, against the real
 server and model."""
 import asyncio
+import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from tryll_fast import codec
 from tryll_fast.client import (
-    AddToSet, AsyncTryllClient, GraphDescription, ReaderThreadError, Reset, TryllClient,
-    TryllError,
+    AddToSet, AsyncTryllClient, GraphDescription, ReaderThreadError, Reset, ToolResult,
+    TryllClient, TryllError,
 )
 from tryll_fast.errors import ErrorCode
 
-from flows import SMOL, SYSTEM
+from flows import SMOL, SYSTEM, canned
 
 pytestmark = pytest.mark.model
 
@@ -132,6 +134,85 @@ def test_async_agents(server):
             assert a.ok and b.ok
             await agent.cancel()
             await agent.destroy()
+    asyncio.run(main())
+
+
+DOOR = codec.ToolDefinition(name="open_door", description="Open a door of the house.",
+                            parameters=[codec.ToolParamDefinition(
+                                name="door", param_type="string", enum_values=["front"])])
+
+
+def door_keeper(disposition):
+    """A ToolCall node that must call open_door, then a canned line."""
+    return (GraphDescription()
+            .add_node("detect", codec.ToolCallParams(
+                system_prompt=SYSTEM, tools=[DOOR], mode=codec.ToolCallMode.RequireCall,
+                disposition=disposition, tool_called_exit="after",
+                sampling=codec.SamplingOverrides(temperature=0, max_tokens=40)))
+            .add_node("after", canned("There you go."))
+            .set_default_model_name(SMOL))
+
+
+def test_tool_call_callbacks_resume_from_the_reader_thread(client):
+    agent = client.create_agent(door_keeper(codec.ToolCallDisposition.AwaitResult))
+    seen = {"calls": [], "plain": [], "paused": []}
+
+    def on_call(name, args, call_id):
+        seen["calls"].append((name, json.loads(args), call_id))
+
+    def on_paused(node_name, exit_route):
+        seen["paused"].append((node_name, exit_route))
+        try:
+            agent.resume()
+        except ReaderThreadError as exc:
+            seen["err"] = exc
+        seen["ack"] = agent.resume_async(
+            tool_results=[ToolResult(c[2], '{"opened": true}') for c in seen["calls"]])
+
+    agent.set_on_tool_call_with_id(on_call)
+    agent.set_on_tool_call(lambda name, args: seen["plain"].append(name))
+    agent.set_on_paused(on_paused)
+    result = agent.send("Please open the front door.").result()
+    assert result.ok and result.texts["after"] == "There you go."
+    assert [(n, a) for n, a, _ in seen["calls"]] == [("open_door", {"door": "front"})]
+    assert seen["calls"][0][2] == "c00000000" and seen["plain"] == ["open_door"]
+    assert seen["paused"] == [("detect", "after")]
+    assert isinstance(seen["err"], ReaderThreadError)
+    assert seen["ack"].result(10) is None
+    assert [e.event_type for e in result.events] == ["tool_call", "paused"]
+
+
+def test_resume_errors_and_pause_from_outside(client):
+    agent = client.create_agent(door_keeper(codec.ToolCallDisposition.Pause))
+    with pytest.raises(TryllError) as info:
+        agent.resume()                                    # not paused
+    assert info.value.code == ErrorCode.AgentNotPaused
+    paused = threading.Event()
+    agent.set_on_paused(lambda node_name, exit_route: paused.set())
+    turn = agent.send("Please open the front door.")
+    assert paused.wait(120)
+    with pytest.raises(TryllError) as info:
+        agent.resume("ghost")
+    assert info.value.code == ErrorCode.UnknownNode
+    with pytest.raises(TryllError) as info:
+        agent.resume(tool_results=[("c00000000", "done")])   # a Pause awaits no result
+    assert info.value.code == ErrorCode.InvalidToolResults
+    agent.resume()                                         # still paused: the retry works
+    assert turn.result().texts["after"] == "There you go."
+
+
+def test_async_resume(server):
+    async def main():
+        async with AsyncTryllClient(*server.address, timeout=120) as c:
+            await c.create_session()
+            agent = await c.create_agent(door_keeper(codec.ToolCallDisposition.AwaitResult))
+            ids = []
+            agent.set_on_tool_call_with_id(lambda name, args, call_id: ids.append(call_id))
+            agent.set_on_paused(lambda node_name, exit_route: agent.resume_async(
+                tool_results=[{"call_id": i, "result": "ok"} for i in ids]))
+            turn = await agent.send("Please open the front door.")
+            result = await turn.result()
+            assert result.ok and result.texts["after"] == "There you go." and ids
     asyncio.run(main())
 
 

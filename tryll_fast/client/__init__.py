@@ -10,7 +10,7 @@ shares the codec with the server and nothing else.
 """
 from tryll_fast.client.agents import (
     AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, GraphDescription, RemoveFromSet,
-    Reset, TurnResult, TurnStream,
+    Reset, ToolResult, TurnResult, TurnStream,
 )
 from tryll_fast.client.aio import AsyncTryllClient
 from tryll_fast.client.errors import ReaderThreadError, TryllError
@@ -19,4 +19,4 @@ from tryll_fast.errors import ErrorCode
 
 __all__ = ["AddToSet", "Agent", "Assign", "AsyncAgent", "AsyncTryllClient", "AsyncTurnStream",
            "ErrorCode", "GraphDescription", "ReaderThreadError", "RemoveFromSet", "Reset",
-           "TryllClient", "TryllError", "TurnResult", "TurnStream"]
+           "ToolResult", "TryllClient", "TryllError", "TurnResult", "TurnStream"]

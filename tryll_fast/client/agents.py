@@ -154,12 +154,67 @@ def _turn_final(body) -> bool:
         isinstance(body, codec.ErrorResponse) and body.code != ErrorCode.InferenceFailed)
 
 
+def ToolResult(call_id: str, result: str):
+    """One result for a pending AwaitResult call (call_id from the tool_call event)."""
+    return codec.ToolResult(call_id=call_id, result=result)
+
+
+def _tool_results(items) -> list:
+    out = []
+    for item in items:
+        if isinstance(item, codec.ToolResult):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            out.append(ToolResult(item["call_id"], item["result"]))
+        else:
+            call_id, result = item
+            out.append(ToolResult(call_id, result))
+    return out
+
+
 class AgentCalls:
-    """The agent requests, written once for both proxies (like client.core.Calls)."""
+    """The agent requests and event callbacks, written once for both proxies (like
+    client.core.Calls). Callbacks run on the reader thread (the event loop for the
+    asyncio client): use resume_async / cancel_async there, not the blocking forms."""
 
     def __init__(self, client, agent_id: int) -> None:
         self.client = client
         self.id = agent_id
+        self._on_paused: Callable[[str, str], None] | None = None
+        self._on_tool_call: Callable[[str, str], None] | None = None
+        self._on_tool_call_with_id: Callable[[str, str, str], None] | None = None
+
+    def set_on_paused(self, callback: Callable[[str, str], None] | None) -> None:
+        """callback(node_name, exit_route) when a turn pauses (exit_route: the node the
+        wired exit leads to, "" = the end of the turn)."""
+        self._on_paused = callback
+
+    def set_on_tool_call(self, callback: Callable[[str, str], None] | None) -> None:
+        """callback(tool_name, arguments_json) for every notified tool call."""
+        self._on_tool_call = callback
+
+    def set_on_tool_call_with_id(self,
+                                 callback: Callable[[str, str, str], None] | None) -> None:
+        """callback(tool_name, arguments_json, call_id): call_id is what an AwaitResult
+        resume's tool_results must echo."""
+        self._on_tool_call_with_id = callback
+
+    def _event(self, body) -> None:
+        kv = {p.key: p.value for p in body.kv_pairs}
+        if body.event_type == "paused" and self._on_paused is not None:
+            self._on_paused(body.node_name, kv.get("exit_route", ""))
+        elif body.event_type == "tool_call":
+            if self._on_tool_call_with_id is not None:
+                self._on_tool_call_with_id(kv.get("tool_name", ""), kv.get("arguments_json", ""),
+                                           kv.get("call_id", ""))
+            if self._on_tool_call is not None:
+                self._on_tool_call(kv.get("tool_name", ""), kv.get("arguments_json", ""))
+
+    def _resume(self, resume_node: str, tool_results) -> Call:
+        results = _tool_results(tool_results)
+        return Call("ResumeAgentRequest", lambda rid: codec.ResumeAgentRequest(
+            request_id=rid, agent_id=self.id, resume_node=resume_node, tool_results=results),
+            lambda r: None)
 
     def _cancel(self, mode: int) -> Call:
         return Call("CancelRequest", lambda rid: codec.CancelRequest(
@@ -223,6 +278,8 @@ class TurnStream:
     def _frame(self, body) -> None:                 # reader thread
         if self.state.take(body):
             self._queue.put(body)
+        elif isinstance(body, codec.NodeEvent):
+            self.agent._event(body)
 
     def _done(self, _future) -> None:
         self._queue.put(_END)
@@ -282,6 +339,20 @@ class Agent(AgentCalls):
     def change_params(self, node_name: str, params, timeout=None) -> None:
         self.client.wait(self._change_params(node_name, params), timeout)
 
+    def change_params_async(self, node_name: str, params):
+        return self.client.start(self._change_params(node_name, params))
+
+    def resume(self, resume_node: str = "", tool_results=(), timeout=None) -> None:
+        """Resume a paused turn: continue via its exit ("") or jump to resume_node;
+        tool_results answers pending AwaitResult calls ([(call_id, result)] or ToolResult).
+        Blocks for the Ack; raises TryllError (3012, 3005, 3016) and, on the reader thread
+        (inside a callback), ReaderThreadError: use resume_async there."""
+        self.client.wait(self._resume(resume_node, tool_results), timeout)
+
+    def resume_async(self, resume_node: str = "", tool_results=()):
+        """resume() returning a concurrent.futures.Future: usable from callbacks."""
+        return self.client.start(self._resume(resume_node, tool_results))
+
     def update_variables(self, updates, timeout=None) -> None:
         """updates: VariableUpdate values (Assign / AddToSet / RemoveFromSet / Reset) or a
         {name: value} dict of assignments."""
@@ -310,6 +381,8 @@ class AsyncTurnStream:
     def _frame(self, body) -> None:
         if self.state.take(body):
             self._queue.put_nowait(body)
+        elif isinstance(body, codec.NodeEvent):
+            self.agent._event(body)
 
     def _done(self, _future) -> None:
         self._queue.put_nowait(_END)
@@ -356,6 +429,13 @@ class AsyncAgent(AgentCalls):
 
     async def change_params(self, node_name: str, params, timeout=None) -> None:
         await self.client.wait(self._change_params(node_name, params), timeout)
+
+    async def resume(self, resume_node: str = "", tool_results=(), timeout=None) -> None:
+        await self.client.wait(self._resume(resume_node, tool_results), timeout)
+
+    def resume_async(self, resume_node: str = "", tool_results=()):
+        """An asyncio.Future for the Ack (callbacks can call it without awaiting)."""
+        return self.client.start(self._resume(resume_node, tool_results))
 
     async def update_variables(self, updates, timeout=None) -> None:
         await self.client.wait(self._update_variables(updates), timeout)

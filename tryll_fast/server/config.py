@@ -163,6 +163,10 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=1, maximum=100_000),
     Setting("workflow.max_agents_per_session", "int", 256,
             "agents one session may hold at once (CreateAgent beyond it: 3003)", minimum=1),
+    Setting("workflow.tool_call_pause_timeout_ms", "int", 0,
+            "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
+            "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
+            minimum=0),
     Setting("workflow.regex_timeout_ms", "int", 50,
             "time limit of one guardrail pattern search on one message (over it: 4001)",
             minimum=1, maximum=10_000),
@@ -200,6 +204,7 @@ class ServerConfig:
     models_preload: tuple[str, ...]
     workflow_max_steps_per_turn: int
     workflow_max_agents_per_session: int
+    workflow_tool_call_pause_timeout_ms: int
     workflow_regex_timeout_ms: int
     llama_max_n_ctx: int
     llama_n_slots: int
@@ -366,6 +371,3 @@ def settings_table() -> str:
     rows += [describe(s) for s in SETTINGS]
     return "\n".join(rows)
 
-
-if __name__ == "__main__":
-    print(settings_table())

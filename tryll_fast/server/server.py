@@ -110,7 +110,8 @@ class Server:
         self.runtime = Runtime(self.models, self.workers, Limits(
             max_steps_per_turn=config.workflow_max_steps_per_turn,
             max_agents_per_session=config.workflow_max_agents_per_session,
-            regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0))
+            regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0,
+            tool_call_pause_timeout_ms=config.workflow_tool_call_pause_timeout_ms))
         self._agent_ids = itertools.count(1)
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
@@ -361,7 +362,7 @@ class Server:
                 engine.set_throttle(self.throttle.effective)
             model = getattr(engine, "model", None)
             if model is not None and hasattr(model, "special_tokens"):
-                model.special_tokens       # scan the vocabulary now, not in a first turn
+                _ = model.special_tokens   # scan the vocabulary now, not in a first turn
             return engine
         return load
 

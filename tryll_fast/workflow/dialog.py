@@ -2,20 +2,23 @@
 
 A component is one thing a turn produced or received: the player's message (slot
 `user_message`), a node's reply (slot = the node's name, role assistant), an instruction
-(hidden: it shapes this turn's prompts only). Tool calls, tool results, knowledge and
-summaries join as further kinds with the tool-call issue. The component kinds and roles map
-one to one onto the TDLG snapshot (schema/dialog.fbs), so export keeps full fidelity.
+(hidden: it shapes this turn's prompts only), a tool call a ToolCall node detected and the
+result that answers it (linked by call_id; `extra` holds call_id, disposition, state and
+whether the pair is projected into later prompts). The kinds and roles map one to one onto
+the TDLG snapshot (schema/dialog.fbs), so export keeps full fidelity.
 
-Projection (projection.py) turns interactions into chat messages: per interaction the
-user message, then its assistant replies joined into one assistant message (templates that
-insist on alternating roles stay happy). `version` changes on every edit that is not an
-append at the end, so a projection knows when its token window must be rebuilt.
+Projection (projection.py) turns interactions into chat messages (`messages()`): the user
+message, then assistant replies joined into one assistant message (templates that insist
+on alternating roles stay happy), tool calls attached to the assistant message and their
+results as tool messages. `version` changes on every edit that is not an append at the
+end, so a projection knows when its token window must be rebuilt.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 USER_SLOT = "user_message"
 
@@ -26,14 +29,16 @@ def now_ms() -> int:
 
 @dataclass
 class Component:
-    kind: str                 # "user" | "assistant" | "instruction"
+    kind: str                 # "user" | "assistant" | "instruction" | "tool_call" | "tool_result"
     slot: str                 # USER_SLOT, or the producing node's name
-    text: str
+    text: str                 # a call's arguments_json, a result's text
     node_name: str = ""
-    name: str = ""            # instruction name
-    role: str = "assistant"   # "user" | "assistant" | "hidden"
-    producer: str = "node"    # "player" | "node" | "client_injected"
+    name: str = ""            # instruction name, tool name
+    role: str = "assistant"   # "user" | "assistant" | "hidden" | "tool"
+    producer: str = "node"    # "player" | "node" | "client_injected" | "client_tool_result"
+    #                           | "server_synthetic"
     created_ms: int = field(default_factory=now_ms)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Interaction:
     completed_ms: int = 0
     outcome: str = "running"  # running | completed | cancelled_kept | failed
     components: list[Component] = field(default_factory=list)
+    calls_made: int = 0       # tool-call ids handed out so far (c%08x, unique per interaction)
 
     @property
     def user_text(self) -> str | None:
@@ -64,6 +70,38 @@ class Interaction:
     def add(self, component: Component) -> Component:
         self.components.append(component)
         return component
+
+    def messages(self, *, user_content: str | None = None,
+                 skip_slot: str | None = None) -> list[dict[str, Any]]:
+        """This interaction as chat messages. user_content replaces the player's message
+        (the current turn's rendered user turn); skip_slot leaves out that node's reply
+        (it is the user turn already)."""
+        msgs: list[dict[str, Any]] = []
+        cur: dict[str, Any] | None = None
+        for c in self.components:
+            if c.kind == "user":
+                text = c.text if user_content is None else user_content
+                msgs.append({"role": "user", "content": text})
+                cur = None
+            elif c.kind == "assistant":
+                if not c.text or c.slot == skip_slot:
+                    continue
+                if cur is None:
+                    cur = {"role": "assistant", "content": c.text}
+                    msgs.append(cur)
+                else:
+                    cur["content"] = f"{cur['content']}\n{c.text}" if cur["content"] else c.text
+            elif c.kind == "tool_call" and c.extra.get("projected"):
+                if cur is None:
+                    cur = {"role": "assistant", "content": ""}
+                    msgs.append(cur)
+                cur.setdefault("tool_calls", []).append(
+                    {"id": c.extra["call_id"], "name": c.name, "arguments": c.text})
+            elif c.kind == "tool_result" and c.extra.get("projected"):
+                msgs.append({"role": "tool", "content": c.text, "name": c.name,
+                             "tool_call_id": c.extra["call_id"]})
+                cur = None
+        return msgs
 
 
 class Dialog:

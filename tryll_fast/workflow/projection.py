@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 
 from tryll_fast import codec
-from tryll_fast.workflow.dialog import Dialog, Interaction
+from tryll_fast.workflow.dialog import USER_SLOT, Dialog, Interaction
 
 KEEP_FRACTION = 0.75
 Placement = codec.PromptPlacement
@@ -42,6 +42,7 @@ class Prompt:
     text: str
     window: int               # interactions of history included
     dropped: int              # interactions that left the window in this build
+    messages: list            # the chat messages the text renders
 
 
 WORD_JOINER = "\u2060"
@@ -176,7 +177,7 @@ class Projection:
         self.formatter = formatter
         self.window_start = 0           # id of the oldest interaction still projected
         self.dialog_version = -1
-        self._prefix_key: str | None = None
+        self._prefix_key: tuple | None = None
         self._prefix_tokens: list[int] = []
         self._tokenizer = PromptTokenizer(engine, formatter.add_bos)
 
@@ -190,7 +191,9 @@ class Projection:
 
     def build(self, dialog: Dialog, current: Interaction, *, system_prompt: str,
               template_text: str, placement: int, input_text: str, n_ctx: int,
-              reserve: int) -> Prompt:
+              reserve: int, input_slot: str = "", tools=None, tool_mode: str = "") -> Prompt:
+        """tools: a ToolSet whose definitions go into the prompt the way the model's chat
+        template expects (the template's `tools`, or a block in the system message)."""
         if dialog.version != self.dialog_version:
             self.window_start = 0
             self.dialog_version = dialog.version
@@ -198,29 +201,34 @@ class Projection:
         if placement == Placement.SystemPromptEnd and template_text:
             system = f"{system}\n\n{template_text}" if system else template_text
         head = [{"role": "system", "content": system}] if system else []
-        tail = []
-        if placement == Placement.SystemBeforeUser and template_text:
-            tail.append({"role": "system", "content": template_text})
+        template_tools = None
+        if tools is not None:
+            head, template_tools = tools.apply(head, tool_mode)
         model = self.engine.model
         user = neutralize(model, input_text)
         if placement == Placement.UserMessage and template_text:
-            user = f"{template_text}\n\n{input_text}" if input_text else template_text
-        tail.append({"role": "user", "content": user})
-        earlier = current.assistant_text()
-        if earlier:
-            tail.append({"role": "assistant", "content": earlier})
+            user = f"{template_text}\n\n{user}" if user else template_text
+        tail = []
+        if placement == Placement.SystemBeforeUser and template_text:
+            tail.append({"role": "system", "content": template_text})
+        tail += current.messages(user_content=user,
+                                 skip_slot=input_slot if input_slot != USER_SLOT else None)
         history = [i for i in dialog.interactions
                    if i is not current and i.id >= self.window_start and i.outcome != "running"]
+
+        rendered: dict[int, list] = {}       # window start -> the messages it rendered
 
         def render(start: int) -> tuple[str, list[int]]:
             msgs = list(head)
             for inter in history[start:]:
-                u, a = inter.user_text, inter.assistant_text()
-                if u:
-                    msgs.append({"role": "user", "content": neutralize(model, u)})
-                if a:
-                    msgs.append({"role": "assistant", "content": a})
-            text = self.formatter.render(msgs + tail, add_generation_prompt=True)
+                for m in inter.messages():
+                    if m["role"] == "user":
+                        m["content"] = neutralize(model, m["content"])
+                    msgs.append(m)
+            msgs += tail
+            rendered[start] = msgs
+            text = self.formatter.render(msgs, add_generation_prompt=True,
+                                         tools=template_tools)
             return text, self._tokenizer.tokenize(text)
 
         high = n_ctx - reserve
@@ -250,15 +258,18 @@ class Projection:
                 self.window_start = history[dropped].id
             else:
                 self.window_start = current.id
-        return Prompt(tokens=tokens, shared_prefix_len=self._shared_len(head, tokens),
-                      text=text, window=len(history) - dropped, dropped=dropped)
+        return Prompt(tokens=tokens,
+                      shared_prefix_len=self._shared_len(head, tokens, template_tools),
+                      text=text, window=len(history) - dropped, dropped=dropped,
+                      messages=rendered[dropped])
 
-    def _shared_len(self, head: list[dict], tokens: list[int]) -> int:
-        if not head:
+    def _shared_len(self, head: list[dict], tokens: list[int], template_tools) -> int:
+        if not head and not template_tools:
             return 0
-        key = head[0]["content"]
+        key = (head[0]["content"] if head else "", repr(template_tools))
         if key != self._prefix_key:
-            prefix = self.formatter.stable_prefix(head + [{"role": "user", "content": "x"}])
+            prefix = self.formatter.stable_prefix(head + [{"role": "user", "content": "x"}],
+                                                  tools=template_tools)
             self._prefix_tokens = self._tokenize(prefix.text) if prefix.text else []
             self._prefix_key = key
         n = len(self._prefix_tokens)

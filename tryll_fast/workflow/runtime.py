@@ -27,6 +27,7 @@ class Limits:
     max_steps_per_turn: int = 64
     max_agents_per_session: int = 256
     regex_timeout_s: float = 0.05
+    tool_call_pause_timeout_ms: int = 0     # 0 = a ToolCall pause waits forever
 
 
 class Runtime:

@@ -14,6 +14,12 @@ the interaction is dropped from the dialog (the dialog is as before the turn) an
 is idle again. Cancel: the engine stops before its next token, a streaming node still sends
 its terminator, TurnComplete(Cancelled); StopAndKeep keeps the partial reply, StopAndDiscard
 drops the interaction. Stateless agents clear the dialog after every turn.
+
+Pauses (seed 004): a node may ask to pause after it (a Pause node always; a ToolCall with a
+pausing disposition when it detected a call). The agent is then paused: NodeEvent "paused"
+{exit_route, cause, timeout_ms}; the turn waits for ResumeAgentRequest (continue via the
+exit, or jump to a node), CancelRequest, or its timeout (the Pause node's timeout_exit, else
+TurnComplete(PauseTimedOut); the interaction is kept).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import json
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tryll_fast import codec
@@ -30,7 +37,7 @@ from tryll_fast.engines.llama.sampling import SamplingParams
 from tryll_fast.errors import ErrorCode
 from tryll_fast.workflow import templates
 from tryll_fast.workflow._stream import AnswerStream
-from tryll_fast.workflow.agent import DESTROYED, IDLE, Agent
+from tryll_fast.workflow.agent import DESTROYED, IDLE, PAUSED, RUNNING, Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
 from tryll_fast.workflow.projection import ProjectionError
 
@@ -46,6 +53,21 @@ class TurnFailure(Exception):
 
 class TurnCancelled(Exception):
     pass
+
+
+class TurnTimedOut(Exception):
+    """A pause outlived its timeout with no timeout exit: TurnComplete(PauseTimedOut)."""
+
+
+@dataclass
+class Paused:
+    """A turn waiting between nodes for ResumeAgentRequest (seed 004)."""
+    node: Any
+    exit_name: str
+    cause: str                      # tool_call | pause_node
+    await_calls: list               # the AwaitResult tool_call components awaiting results
+    wake: Any                       # asyncio.Future: ("resume", node) | ("timeout",) | ("cancel",)
+    loop: Any
 
 
 class Turn:
@@ -67,6 +89,8 @@ class Turn:
         self._last_node = ""
         self._nodes_diag: list[dict[str, Any]] = []
         self._diag: dict[str, Any] | None = None
+        self._pause_request = None
+        self.paused: Paused | None = None
         self.regex_timeout_s = agent.runtime.limits.regex_timeout_s
         self.t_start = time.perf_counter()
 
@@ -77,6 +101,9 @@ class Turn:
         self.cancelled = True
         for handle in list(self._handles):
             handle.cancel()
+        paused = self.paused
+        if paused is not None:
+            paused.loop.call_soon_threadsafe(_settle, paused.wake, ("cancel",))
 
     # ---- the walk (orchestrator) ----
 
@@ -96,11 +123,16 @@ class Turn:
                 self._begin_node(node)
                 exit_name = await node.type.run(self, node)
                 self._end_node(exit_name)
-                node = agent.graph.next(node, exit_name)
+                if self._pause_request is not None:
+                    node = await self._pause(node, exit_name)
+                else:
+                    node = agent.graph.next(node, exit_name)
             if self.cancelled:
                 raise TurnCancelled()
         except TurnCancelled:
             status = Status.Cancelled
+        except TurnTimedOut:
+            status = Status.PauseTimedOut
         except asyncio.CancelledError:
             status = Status.Cancelled
         except TurnFailure as exc:
@@ -127,10 +159,10 @@ class Turn:
         try:
             if self.finals == 0:
                 self.send_whole(self._last_node or agent.graph.start, "")
-            if status == Status.Success or (
+            if status in (Status.Success, Status.PauseTimedOut) or (
                     status == Status.Cancelled
                     and self.cancel_mode == codec.CancelMode.StopAndKeep):
-                inter.outcome = "completed" if status == Status.Success else "cancelled_kept"
+                inter.outcome = "cancelled_kept" if status == Status.Cancelled else "completed"
                 inter.completed_ms = int(time.time() * 1000)
             else:
                 agent.dialog.remove(inter)
@@ -188,8 +220,28 @@ class Turn:
         self.note(node, instruction=name, text=text)
 
     async def generate(self, node, spec, *, system_prompt: str, template_text: str,
-                       placement: int, input_text: str, send: int) -> str:
+                       placement: int, input_slot: str, send: int) -> str:
         """Run the node's model on its projection; stream per `send`; return the reply."""
+        stream = (AnswerStream(self.conn, self.agent.id, node.name)
+                  if send == Send.Streamed else None)
+        handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
+                                         template_text=template_text, placement=placement,
+                                         input_slot=input_slot, stream=stream)
+        text = handle.text
+        if stream is not None:
+            stream.finish()
+            self.finals += 1
+        elif send == Send.Whole:
+            self.send_whole(node.name, text)
+        return text
+
+    async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
+                        placement: int = 0, input_slot: str, stream=None, tools=None,
+                        tool_mode: str = "", grammar=None):
+        """Project, submit, await the engine; returns (the finished RequestHandle, the
+        ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
+        ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
+        partial reply under StopAndKeep) or TurnFailure."""
         agent = self.agent
         runtime = agent.runtime
         self._mark("node_start")
@@ -197,17 +249,22 @@ class Turn:
         if self.cancelled:
             raise TurnCancelled()
         formatter = runtime.formatter(engine)
+        toolset = tools(formatter) if callable(tools) else tools
         projection = agent.projection(node.name, engine, formatter)
         t_proj = time.perf_counter()
         prompt = projection.build(agent.dialog, self.interaction, system_prompt=system_prompt,
                                   template_text=template_text, placement=placement,
-                                  input_text=input_text, n_ctx=spec.n_ctx,
-                                  reserve=spec.max_tokens)
+                                  input_text=self.slot(input_slot), input_slot=input_slot,
+                                  n_ctx=spec.n_ctx, reserve=spec.max_tokens, tools=toolset,
+                                  tool_mode=tool_mode)
         self._mark("projected")
         stop = spec.stop if spec.stop is not None else tuple(
             dict.fromkeys(formatter.stop_strings + spec.extra["catalog_stop"]))
-        sampling = SamplingParams(stop=stop, **spec.sampling)
-        stream = AnswerStream(self.conn, agent.id, node.name) if send == Send.Streamed else None
+        extra = {}
+        if grammar is not None:
+            g = grammar(toolset) if callable(grammar) else grammar
+            extra = {"grammar": g.gbnf, "grammar_triggers": g.trigger_patterns}
+        sampling = SamplingParams(stop=stop, **spec.sampling, **extra)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -232,27 +289,96 @@ class Turn:
         finally:
             unregister()
         self._handles.discard(handle)
-        st = handle.stats
-        self.tokens_generated += st.tokens_generated
+        self.tokens_generated += handle.stats.tokens_generated
         if self._diag is not None:
             self._diag.update(self._llm_diag(spec, sampling, prompt, handle, stream,
                                              t_submit - t_proj))
+            if toolset is not None:
+                self._diag["input"] = {"prompt": prompt.messages}
         if handle.finish_reason == "cancelled" or self.cancelled:
             if stream is not None:
                 stream.finish()
                 self.finals += 1
-            if self.cancel_mode == codec.CancelMode.StopAndKeep and handle.text:
+            if (self.cancel_mode == codec.CancelMode.StopAndKeep and handle.text
+                    and stream is not None):
                 self.add_reply(node, handle.text)
             raise TurnCancelled()
         if handle.error is not None:
             raise TurnFailure(f"node {node.name!r}: {handle.error}")
-        text = handle.text
-        if stream is not None:
-            stream.finish()
-            self.finals += 1
-        elif send == Send.Whole:
-            self.send_whole(node.name, text)
-        return text
+        return handle, toolset
+
+    def send_event(self, node_name: str, event_type: str, pairs: dict[str, str]) -> None:
+        """A NodeEvent (tool_call, paused, …): out of band, before the turn completes."""
+        self.session.send_reply(codec.NodeEvent(
+            agent_id=self.agent.id, node_name=node_name, event_type=event_type,
+            kv_pairs=[codec.KeyValue(key=k, value=v) for k, v in pairs.items()]))
+
+    # ---- pausing (seed 004) ----
+
+    def request_pause(self, cause: str, timeout_ms: int, timeout_exit: str | None = None,
+                      await_calls: tuple = ()) -> None:
+        """A node asks the executor to pause right after it (it is not paused yet)."""
+        self._pause_request = (cause, timeout_ms, timeout_exit, await_calls)
+
+    async def _pause(self, node, exit_name: str):
+        """Pause after `node`; returns the node to run next (None = end), or raises
+        TurnCancelled / TurnTimedOut."""
+        cause, timeout_ms, timeout_exit, await_calls = self._pause_request
+        self._pause_request = None
+        agent = self.agent
+        loop = asyncio.get_running_loop()
+        wake = loop.create_future()
+        with agent.lock:
+            if agent.state == DESTROYED or self.cancelled:
+                raise TurnCancelled()
+            agent.state = PAUSED
+            self.paused = Paused(node, exit_name, cause, list(await_calls), wake, loop)
+        target = node.exits[exit_name]
+        self.send_event(node.name, "paused", {"exit_route": target, "cause": cause,
+                                               "timeout_ms": str(timeout_ms)})
+        timer = loop.call_later(timeout_ms / 1000.0, _settle, wake, ("timeout",)) \
+            if timeout_ms > 0 else None
+        if self._diag is not None:
+            self._diag["pause"] = {"cause": cause, "timeout_ms": timeout_ms}
+        t0 = time.perf_counter()
+        try:
+            outcome = await wake
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with agent.lock:
+                self.paused = None
+                if agent.state == PAUSED:
+                    agent.state = RUNNING
+        if self._diag is not None:
+            self._diag["pause"].update(outcome=outcome[0],
+                                       paused_ms=round((time.perf_counter() - t0) * 1000, 3))
+        kind = outcome[0]
+        if kind == "cancel" or self.cancelled:
+            raise TurnCancelled()
+        if kind == "timeout":
+            if timeout_exit:
+                return agent.graph.nodes[timeout_exit]
+            raise TurnTimedOut()
+        jump = outcome[1]
+        if jump:
+            return agent.graph.nodes[jump]
+        return agent.graph.next(node, exit_name)
+
+    def resume(self, resume_node: str, results: dict[str, str]) -> None:
+        """The client's ResumeAgentRequest, already validated (reactor thread, agent lock
+        held): attach the tool results and wake the turn."""
+        paused = self.paused
+        for call in paused.await_calls:
+            call_id = call.extra["call_id"]
+            call.extra["state"] = "resolved"
+            self.interaction.add(Component(
+                kind="tool_result", slot=call.slot, node_name=call.node_name,
+                text=results[call_id], name=call.name, role="tool",
+                producer="client_tool_result",
+                extra={"call_id": call_id, "projected": True}))
+        self.agent.state = RUNNING
+        paused.loop.call_soon_threadsafe(_settle, paused.wake, ("resume", resume_node))
 
     # ---- diagnostics ----
 

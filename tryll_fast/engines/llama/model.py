@@ -190,7 +190,7 @@ class LlamaModel:
     def control_tokens(self) -> frozenset[int]:
         """The control tokens among special_tokens (roles, BOS/EOS, turn markers): the ones
         a player must not be able to type into a prompt."""
-        self.special_tokens
+        _ = self.special_tokens
         return self._control_tokens
 
     def check_tokens(self, tokens) -> None:

@@ -6,6 +6,7 @@ top-k/top-p choose among allowed tokens only; a token the grammar forbids is
 never sampled, which matters because llama.cpp throws (and so aborts) if a
 grammar is made to accept one.
 """
+import ctypes
 import math
 from dataclasses import dataclass, field
 
@@ -32,6 +33,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: str | None = None  # GBNF text with a `root` rule
+    # Lazy grammar: free text until one of these regexes (std::regex, full match of the
+    # text so far) matches; the grammar then applies from the pattern's first capture group.
+    grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False    # ban end-of-generation tokens: exactly max_tokens
 
     def __post_init__(self):
@@ -39,6 +43,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
 
     def validate(self) -> None:
         def bad(name, value, rule):
@@ -70,6 +75,11 @@ class SamplingParams:
         g = self.grammar
         if g is not None and (not isinstance(g, str) or not g.strip()):
             bad("grammar", self.grammar, "must be non-empty GBNF text")
+        if self.grammar_triggers and g is None:
+            bad("grammar_triggers", self.grammar_triggers, "need a grammar")
+        for t in self.grammar_triggers:
+            if not isinstance(t, str) or not t:
+                bad("grammar_triggers", t, "trigger patterns must be non-empty str")
 
     @property
     def uses_penalties(self) -> bool:
@@ -100,7 +110,17 @@ class SamplerChain:
                 self._penalties = self._add(C.llama_sampler_init_penalties(
                     model.n_vocab, params.penalty_last_n, params.repeat_penalty,
                     params.frequency_penalty, params.presence_penalty))
-            if params.grammar is not None:
+            if params.grammar is not None and params.grammar_triggers:
+                pats = [t.encode() for t in params.grammar_triggers]
+                arr = (ctypes.c_char_p * len(pats))(*pats)
+                g = C.llama_sampler_init_grammar_lazy_patterns(
+                    vocab, params.grammar.encode(), b"root", arr, len(pats), None, 0)
+                if not g:
+                    raise InvalidRequest(
+                        "lazy grammar does not parse (GBNF with a `root` rule and std::regex "
+                        "trigger patterns expected)")
+                self._add(g)
+            elif params.grammar is not None:
                 g = C.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
                 if not g:
                     raise InvalidRequest(

@@ -155,6 +155,64 @@ def send_message(session, req):
     return None
 
 
+MAX_RESULT_CHARS = 65536
+MAX_RESULTS_CHARS = 262144
+
+
+@handles("ResumeAgentRequest", during_shutdown=True)
+def resume_agent(session, req):
+    agent = agent_of(session, req.agent_id)
+    with agent.lock:
+        turn = agent.turn
+        paused = turn.paused if turn is not None and agent.state == PAUSED else None
+        if paused is None:
+            doing = "running a turn" if agent.state == RUNNING else "idle"
+            raise RequestError(ErrorCode.AgentNotPaused,
+                               f"agent {agent.id} is {doing}, not paused: nothing to resume")
+        if req.resume_node and req.resume_node not in agent.graph.nodes:
+            raise RequestError(ErrorCode.UnknownNode,
+                               f"resume_node {req.resume_node!r} is not a node of agent "
+                               f"{agent.id} (the turn stays paused)")
+        results = _check_tool_results(paused, list(req.tool_results))
+        turn.resume(req.resume_node, results)
+    return codec.Ack(request_id=req.request_id)
+
+
+def _check_tool_results(paused, results) -> dict[str, str]:
+    """The whole batch, or 3016 InvalidToolResults (the turn stays paused for a retry)."""
+    def bad(problem: str) -> RequestError:
+        return RequestError(ErrorCode.InvalidToolResults, f"tool_results: {problem} (the turn "
+                                                          "stays paused)")
+
+    pending = {c.extra["call_id"]: c for c in paused.await_calls}
+    if not pending:
+        if results:
+            raise bad(f"this is a {paused.cause} pause with no AwaitResult call; resume "
+                      "without results")
+        return {}
+    names = ", ".join(pending)
+    if not results:
+        raise bad(f"AwaitResult calls {names} are pending: send one result per call")
+    got: dict[str, str] = {}
+    total = 0
+    for i, r in enumerate(results):
+        if r.call_id not in pending:
+            raise bad(f"[{i}].call_id {r.call_id!r} is not a pending call (pending: {names})")
+        if r.call_id in got:
+            raise bad(f"[{i}].call_id {r.call_id!r} appears twice")
+        if len(r.result) > MAX_RESULT_CHARS:
+            raise bad(f"[{i}].result has {len(r.result)} characters; at most "
+                      f"{MAX_RESULT_CHARS}")
+        total += len(r.result)
+        got[r.call_id] = r.result
+    if total > MAX_RESULTS_CHARS:
+        raise bad(f"{total} characters in all; a batch holds at most {MAX_RESULTS_CHARS}")
+    missing = [cid for cid in pending if cid not in got]
+    if missing:
+        raise bad(f"no result for {', '.join(missing)}: a batch answers every pending call")
+    return got
+
+
 @handles("CancelRequest", during_shutdown=True)
 def cancel(session, req):
     agent = agent_of(session, req.agent_id)

@@ -11,8 +11,8 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.server.errors import ErrorCode, RequestError
 
 FEATURES = {
-    "pause/resume and the dialog lifecycle (KV, edit, export, save)": (
-        "ResumeAgentRequest", "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
+    "the dialog lifecycle (KV requests, edit, export, save)": (
+        "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
         "GetAgentKvCacheStatusRequest", "AppendInteractionsRequest",
         "RemoveInteractionsFromEndRequest", "ExportDialogRequest", "ImportDialogRequest",
         "SaveDialogRequest", "LoadDialogRequest"),

@@ -1,6 +1,7 @@
 """The node types, one module each; TYPES maps a NodeParams member to its NodeType.
 
-Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail. The other members of
+Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause. The
+other members of
 the union are known (so a graph using them gets a clear 2007 FeatureNotAvailable naming
 the feature, not a parse error) and are filled in by their feature's issue.
 """
@@ -10,6 +11,8 @@ from tryll_fast.workflow.nodes.canned import CannedResponseNode
 from tryll_fast.workflow.nodes.generate import GenerateNode
 from tryll_fast.workflow.nodes.guardrail import GuardrailNode
 from tryll_fast.workflow.nodes.instruction import InstructionNode
+from tryll_fast.workflow.nodes.pause import PauseNode
+from tryll_fast.workflow.nodes.toolcall import ToolCallNode
 
 
 def _pending(kind: str, params_cls: type, exits: tuple[str, ...], feature: str) -> NodeType:
@@ -21,21 +24,19 @@ def _pending(kind: str, params_cls: type, exits: tuple[str, ...], feature: str) 
     return t
 
 
-_TOOLS = "tool calls and pause/resume"
 _KNOWLEDGE = "knowledge (embedded storages and knowledge bases)"
 _VOICE = "voice (speech synthesis)"
 _LLM_CLASSIFY = "LLM classification"
 
 TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
-    GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(),
+    GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(), ToolCallNode(),
+    PauseNode(),
     _pending("Retrieve", codec.RetrieveParams, ("found", "not_found"), _KNOWLEDGE),
     _pending("ClassifyIntent", codec.ClassifyIntentParams, ("found", "not_found"), _KNOWLEDGE),
     _pending("ClassifyIntentLLM", codec.ClassifyIntentLLMParams, ("found", "not_found"),
              _LLM_CLASSIFY),
     _pending("IntentToInstruction", codec.IntentToInstructionParams, ("default",),
              _LLM_CLASSIFY),
-    _pending("ToolCall", codec.ToolCallParams, ("tool_called", "no_tool_called"), _TOOLS),
-    _pending("Pause", codec.PauseParams, ("default", "timeout"), _TOOLS),
     _pending("Speak", codec.SpeakParams, ("default",), _VOICE),
     _pending("GenerateAndSpeak", codec.GenerateAndSpeakParams, ("default",), _VOICE),
     _pending("WriteToMemory", codec.WriteToMemoryParams, ("default",), _KNOWLEDGE),

@@ -78,7 +78,6 @@ class GenerateNode(NodeType):
         rendered = template.render(turn.template_context()) if template else ""
         text = await turn.generate(node, spec, system_prompt=p.system_prompt,
                                    template_text=rendered, placement=int(p.placement),
-                                   input_text=turn.slot(spec.extra["input"]),
-                                   send=int(p.send))
+                                   input_slot=spec.extra["input"], send=int(p.send))
         turn.add_reply(node, text)
         return "default"

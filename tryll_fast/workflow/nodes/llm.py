@@ -43,7 +43,8 @@ class LlmSpec:
 
 
 def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: CompileContext,
-                *, default_context: int = 0) -> LlmSpec:
+                *, default_context: int = 0,
+                default_max_tokens: int = DEFAULT_MAX_TOKENS) -> LlmSpec:
     where = f"node {name!r}"
     model = model_name or ctx.default_model
     if not model:
@@ -56,7 +57,8 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
         raise ctx.fail(where, f"context_size {n_ctx} exceeds the {cap} tokens model "
                               f"{model!r} is loaded with (llama.max_n_ctx and its catalog "
                               "context_size)")
-    sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx)
+    sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx,
+                                default_max_tokens)
     stop = None
     if overrides is not None and overrides.stop:
         stop = tuple(overrides.stop)
@@ -68,9 +70,10 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
 
 
 def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
-                     ctx: CompileContext) -> dict[str, Any]:
+                     ctx: CompileContext, default_max_tokens: int = DEFAULT_MAX_TOKENS
+                     ) -> dict[str, Any]:
     out = {k: v for k, v in base.items() if k != "stop"}
-    out.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    out.setdefault("max_tokens", default_max_tokens)
     if overrides is not None:
         for name, high in _HIGHEST.items():
             value = getattr(overrides, name)

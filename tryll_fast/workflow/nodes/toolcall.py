@@ -1,0 +1,154 @@
+"""ToolCall: detects whether the model wants to call one of `tools` (seed 003 in full).
+
+The tools go into the prompt the way the model's chat template expects (its `tools`
+variable, or a block in the system message when the template has no tool support; either
+way inside the shared prefix). Generation is grammar-constrained: RequireCall from the first
+token, CallOrAnswer and DetectOnly lazily, from the call marker on (prose is free). The
+output is parsed into calls or a classified failure (engines/llama/tools.py).
+
+Call ids are c%08x, counted per interaction (not per node run, unlike the original), so a
+second pass through the same node in one turn never reuses an id.
+
+What a detected call does, by disposition (seed 003):
+    disposition            event  pause  history
+    RouteOnly              no     no     omitted
+    Acknowledge (default)  no     no     synthetic result (acknowledge_text, empty = "ok")
+    Notify                 yes    no     omitted
+    NotifyAndAcknowledge   yes    no     synthetic result
+    Pause                  yes    yes    omitted
+    PauseAndAcknowledge    yes    yes    synthetic result
+    AwaitResult            yes    yes    the client's tool_results (ResumeAgentRequest)
+The event is NodeEvent "tool_call" {tool_name, arguments_json, call_id, disposition}, one
+per call, before the turn goes on. Every call is recorded in the interaction either way
+(state detected / notified / resolved); "omitted" means it is not projected into prompts.
+No call: exit no_tool_called; under CallOrAnswer the text is the answer (one Whole chunk
+once the output is known not to be a call, and the reply in the dialog); DetectOnly and
+RequireCall drop it.
+"""
+from __future__ import annotations
+
+from tryll_fast import codec
+from tryll_fast.engines.llama.tools import CallIds, ToolSet, mode_name, normalize_tools
+from tryll_fast.workflow.dialog import Component
+from tryll_fast.workflow.graph import CompileContext, Node, NodeType
+from tryll_fast.workflow.nodes.generate import check_slot, check_unsupported
+from tryll_fast.workflow.nodes.llm import compile_llm
+
+Disp = codec.ToolCallDisposition
+DEFAULT_CONTEXT = 2048          # seed 003: 0 means 2048, never the model's window
+DEFAULT_MAX_TOKENS = 758        # seed 003: when the model sets none
+
+DISPOSITION_NAMES = {
+    Disp.RouteOnly: "route_only", Disp.Acknowledge: "acknowledge", Disp.Notify: "notify",
+    Disp.NotifyAndAcknowledge: "notify_and_acknowledge", Disp.Pause: "pause",
+    Disp.PauseAndAcknowledge: "pause_and_acknowledge", Disp.AwaitResult: "await_result",
+}
+NOTIFIES = {Disp.Notify, Disp.NotifyAndAcknowledge, Disp.Pause, Disp.PauseAndAcknowledge,
+            Disp.AwaitResult}
+ACKNOWLEDGES = {Disp.Acknowledge, Disp.NotifyAndAcknowledge, Disp.PauseAndAcknowledge}
+PAUSES = {Disp.Pause, Disp.PauseAndAcknowledge, Disp.AwaitResult}
+
+
+class ToolCallNode(NodeType):
+    kind = "ToolCall"
+    params_cls = codec.ToolCallParams
+    exits = ("tool_called", "no_tool_called")
+    uses_model = True
+
+    def compile(self, name: str, p, ctx: CompileContext):
+        where = f"node {name!r}"
+        check_unsupported(name, p)
+        if p.mode not in {int(m) for m in codec.ToolCallMode}:
+            raise ctx.fail(where, f"mode {int(p.mode)} is not a ToolCallMode (0..2)")
+        if p.disposition not in DISPOSITION_NAMES:
+            raise ctx.fail(where, f"disposition {int(p.disposition)} is not a "
+                                  "ToolCallDisposition (0..6)")
+        if p.pause_timeout_ms < 0:
+            raise ctx.fail(where, f"pause_timeout_ms {p.pause_timeout_ms} is negative "
+                                  "(0 = the server's workflow.tool_call_pause_timeout_ms)")
+        try:
+            specs = normalize_tools(p.tools)
+        except ValueError as exc:
+            raise ctx.fail(where, f"tools: {exc}") from None
+        if not specs:
+            raise ctx.fail(where, "tools: a ToolCall node needs at least one tool definition")
+        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx,
+                           default_context=DEFAULT_CONTEXT,
+                           default_max_tokens=DEFAULT_MAX_TOKENS)
+        spec.extra.update(input=check_slot(name, p.input, ctx), specs=specs, toolsets={},
+                          mode=mode_name(int(p.mode)), disposition=Disp(int(p.disposition)),
+                          acknowledge=p.acknowledge_text or "ok",
+                          parallel=bool(p.parallel_tool_calls))
+        return spec
+
+    def model_names(self, node: Node, default_model: str) -> tuple[str, ...]:
+        return (node.spec.model,)
+
+    async def run(self, turn, node: Node) -> str:
+        p = node.params
+        spec = node.spec
+        x = spec.extra
+        mode, disposition = x["mode"], x["disposition"]
+
+        def toolset(formatter) -> ToolSet:
+            ts = x["toolsets"].get(id(formatter))
+            if ts is None:
+                ts = x["toolsets"][id(formatter)] = ToolSet(
+                    x["specs"], formatter=formatter, parallel_tool_calls=x["parallel"])
+            return ts
+
+        handle, ts = await turn.run_model(node, spec, system_prompt=p.system_prompt,
+                                          input_slot=x["input"], tools=toolset,
+                                          tool_mode=mode, grammar=lambda t: t.grammar(mode))
+        inter = turn.interaction
+        result = ts.parse(handle.text, CallIds(start=inter.calls_made))
+        inter.calls_made += len(result.calls)
+        dname = DISPOSITION_NAMES[disposition]
+        turn.note(node, parameters=_parameters(x, ts, p, spec), output=result.diagnostics(),
+                  grammar={"lazy": mode != "require_call", "format": ts.format.name})
+        if not result.calls:
+            if mode == "call_or_answer" and result.text:
+                turn.send_whole(node.name, result.text)
+                turn.add_reply(node, result.text)
+            return "no_tool_called"
+        projected = disposition in ACKNOWLEDGES or disposition == Disp.AwaitResult
+        awaiting = []
+        for call in result.calls:
+            comp = inter.add(Component(
+                kind="tool_call", slot=node.name, node_name=node.name,
+                text=call.arguments_json, name=call.name,
+                extra={"call_id": call.id, "disposition": dname, "state": "detected",
+                       "projected": projected, "model_call_id": call.model_id or ""}))
+            if disposition in NOTIFIES:
+                turn.send_event(node.name, "tool_call", {
+                    "tool_name": call.name, "arguments_json": call.arguments_json,
+                    "call_id": call.id, "disposition": dname})
+                comp.extra["state"] = "notified"
+            if disposition in ACKNOWLEDGES:
+                inter.add(Component(
+                    kind="tool_result", slot=node.name, node_name=node.name,
+                    text=x["acknowledge"], name=call.name, role="tool",
+                    producer="server_synthetic",
+                    extra={"call_id": call.id, "projected": True}))
+                comp.extra["state"] = "resolved"
+            elif disposition == Disp.AwaitResult:
+                awaiting.append(comp)
+        if disposition in PAUSES:
+            timeout = p.pause_timeout_ms or turn.agent.runtime.limits.tool_call_pause_timeout_ms
+            turn.request_pause("tool_call", timeout, await_calls=tuple(awaiting))
+        return "tool_called"
+
+
+def _parameters(x: dict, ts: ToolSet, p, spec) -> dict:
+    """The `parameters.*` keys of seed 003's diagnostics."""
+    from tryll_fast.engines.llama.tools import tool_signature_lines
+    out = {"model_name": spec.model, "tool_count": len(x["specs"]),
+           "tools": tool_signature_lines(x["specs"]), "mode": x["mode"],
+           "parallel_tool_calls": x["parallel"],
+           "disposition": DISPOSITION_NAMES[x["disposition"]]}
+    if p.acknowledge_text:
+        out["acknowledge_text"] = p.acknowledge_text
+    if p.input:
+        out["input"] = p.input
+    out.update({k: v for k, v in spec.sampling.items()})
+    return out
