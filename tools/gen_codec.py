@@ -469,7 +469,8 @@ class Gen:
                         o("target = _v_target(v, p)", 2)
                         o("n = _v_vector(v, target, 1)", 2)
                         o("if n:", 2)
-                        o(f"_vf_nested(v, target + 4, n, _vf_{nested}, depth + 1)", 3)
+                        o(f"_vf_nested(v, target + 4, n, _vf_{nested}, depth + 1, "
+                          f"{t.name + '.' + f.name!r})", 3)
                     else:
                         o(f"_v_scalar_vector(v, p, {SCALARS[canon(e.scalar)][0]})", 1)
                 elif e.kind == "struct":

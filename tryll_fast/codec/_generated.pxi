@@ -16503,7 +16503,7 @@ cdef int _vf_ExportDialogResponse(_V* v, Py_ssize_t t, int depth) except -1:
         target = _v_target(v, p)
         n = _v_vector(v, target, 1)
         if n:
-            _vf_nested(v, target + 4, n, _vf_PersistedDialogSnapshot, depth + 1)
+            _vf_nested(v, target + 4, n, _vf_PersistedDialogSnapshot, depth + 1, 'ExportDialogResponse.snapshot')
     return 0
 
 
@@ -16563,7 +16563,7 @@ cdef int _vf_ImportDialogRequest(_V* v, Py_ssize_t t, int depth) except -1:
         target = _v_target(v, p)
         n = _v_vector(v, target, 1)
         if n:
-            _vf_nested(v, target + 4, n, _vf_PersistedDialogSnapshot, depth + 1)
+            _vf_nested(v, target + 4, n, _vf_PersistedDialogSnapshot, depth + 1, 'ImportDialogRequest.snapshot')
     _v_field(v, t, vt, vs, ts, 10, 1)
     return 0
 

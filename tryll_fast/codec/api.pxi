@@ -226,16 +226,24 @@ cdef object _detach(Table view, object cls):
     return cls(**values)
 
 
-cdef int _vf_nested(_V* v, Py_ssize_t start, Py_ssize_t n, _vf_fn fn, int depth) except -1:
-    """Verify a nested_flatbuffer [ubyte] as a root of its own."""
+cdef int _vf_nested(_V* v, Py_ssize_t start, Py_ssize_t n, _vf_fn fn, int depth,
+                    str where) except -1:
+    """Verify a nested_flatbuffer [ubyte] as a root of its own; a failure names the
+    field (byte positions are then within the nested buffer)."""
     cdef _V sub
     cdef Py_ssize_t root
     sub.buf = v.buf + start
     sub.size = n
     sub.tables_left = v.tables_left
     sub.work_left = v.work_left
-    root = _v_root(&sub)
-    fn(&sub, root, depth)
+    try:
+        root = _v_root(&sub)
+        fn(&sub, root, depth)
+    except MalformedMessage as e:
+        text = str(e)
+        if text.startswith("malformed message: "):
+            text = text[len("malformed message: "):]
+        raise MalformedMessage(f"malformed message: {where} (a nested buffer): {text}") from None
     v.tables_left = sub.tables_left
     v.work_left = sub.work_left
     return 0
