@@ -216,6 +216,53 @@ def test_async_resume(server):
     asyncio.run(main())
 
 
+def test_dialog_lifecycle_from_the_client(client):
+    agent = client.create_agent(baker(max_tokens=8))
+    assert agent.append_interactions([("Hi", "Hello!"), ("", ""),
+                                      codec.DialogInteraction(assistant_message="Bread?")]) == 2
+    data = agent.export_dialog()
+    assert data[4:8] == b"TDLG"
+    twin = client.create_agent(baker(max_tokens=8))
+    assert twin.import_dialog(data).interaction_count == 2
+    saved = twin.save_dialog("client-test")
+    assert (saved.save_id, saved.interaction_count) == ("client-test", 2)
+    assert agent.remove_interactions_from_end(5) == 2
+    restored = agent.load_dialog("client-test")
+    assert (restored.interaction_count, restored.warnings) == (2, [])
+    status = agent.prefill_kv_cache()
+    assert status.applicable and status.resident and status.prefix_current
+    assert status.tokens_decoded > 0 and status.eligible_node_count == 1
+    evicted = agent.evict_kv_cache()
+    assert evicted.contexts_evicted == 1 and not evicted.resident
+    assert not agent.get_kv_cache_status().resident
+    assert agent.send("And you?").result().ok
+    assert agent.get_kv_cache_status().resident
+    with pytest.raises(TryllError) as info:
+        agent.save_dialog("../up")
+    assert info.value.code == ErrorCode.InvalidSaveId
+    other = client.create_agent(GraphDescription().add_node("c", canned("hi"))
+                                .set_default_model_name(SMOL))
+    with pytest.raises(TryllError) as info:
+        other.import_dialog(data)
+    assert info.value.code == ErrorCode.DialogGraphMismatch
+    assert other.import_dialog(data, allow_graph_mismatch=True).warnings
+    assert agent.export_dialog_async().result(30)[4:8] == b"TDLG"
+
+
+def test_async_dialog_lifecycle(server):
+    async def main():
+        async with AsyncTryllClient(*server.address, timeout=120) as c:
+            await c.create_session()
+            agent = await c.create_agent(baker())
+            assert await agent.append_interactions([("Hi", "Hello!")]) == 1
+            data = await agent.export_dialog()
+            assert (await agent.import_dialog(data)).interaction_count == 1
+            assert (await agent.prefill_kv_cache()).prefix_current
+            assert (await agent.evict_kv_cache_async()).contexts_evicted == 1
+            assert await agent.remove_interactions_from_end(1) == 1
+    asyncio.run(main())
+
+
 def test_chat_command(server):
     host, port = server.address
     proc = subprocess.run(

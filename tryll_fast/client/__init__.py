@@ -5,12 +5,14 @@ Owns: the client side of the wire protocol: connecting and checking ConnectionRe
 version (5004), request ids and futures, matching replies and errors to requests,
 delivering unsolicited frames to callbacks, `TryllError(code, message)`; agents
 (`create_agent` -> `Agent` / `AsyncAgent`): the graph builder, variables, per-agent turn
-streams serialised client-side, cancel, change_params, update/get variables, destroy. It
-shares the codec with the server and nothing else.
+streams serialised client-side, cancel, change_params, update/get variables, tool-call
+and pause callbacks with resume, the dialog lifecycle (append / remove interactions,
+export / import, save / load, KV-cache prefill / evict / status), destroy. It shares the
+codec with the server and nothing else.
 """
 from tryll_fast.client.agents import (
-    AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, GraphDescription, RemoveFromSet,
-    Reset, ToolResult, TurnResult, TurnStream,
+    AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, DialogImport, GraphDescription,
+    KvCacheStatus, RemoveFromSet, Reset, SavedDialog, ToolResult, TurnResult, TurnStream,
 )
 from tryll_fast.client.aio import AsyncTryllClient
 from tryll_fast.client.errors import ReaderThreadError, TryllError
@@ -18,5 +20,6 @@ from tryll_fast.client.sync import TryllClient
 from tryll_fast.errors import ErrorCode
 
 __all__ = ["AddToSet", "Agent", "Assign", "AsyncAgent", "AsyncTryllClient", "AsyncTurnStream",
-           "ErrorCode", "GraphDescription", "ReaderThreadError", "RemoveFromSet", "Reset",
-           "ToolResult", "TryllClient", "TryllError", "TurnResult", "TurnStream"]
+           "DialogImport", "ErrorCode", "GraphDescription", "KvCacheStatus",
+           "ReaderThreadError", "RemoveFromSet", "Reset", "SavedDialog", "ToolResult",
+           "TryllClient", "TryllError", "TurnResult", "TurnStream"]

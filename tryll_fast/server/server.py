@@ -329,6 +329,7 @@ class Server:
         def release() -> None:
             if turn is not None:
                 turn.operation.done.wait(60)
+            agent.kv_job_done.wait(60)      # a KV-cache request still using the engines
             agent.release()
 
         try:

@@ -1,8 +1,10 @@
 """An agent: a compiled graph, its variables, its dialog, its engines, and its one turn.
 
-State machine: idle -> running (SendMessage) -> idle; paused arrives with the tool-call
-issue; destroyed is final. `lock` guards the state: the reactor thread checks and flips it
-(SendMessage gets 3004 at once while a turn runs), the orchestrator ends turns.
+State machine: idle -> running (SendMessage) -> [paused -> running]* -> idle, and
+idle -> kv_operation (a KV-cache request, on a worker) -> idle; destroyed is final. `lock`
+guards the state: the reactor thread checks and flips it (a request that needs another
+state gets 3004 at once), the orchestrator ends turns. The dialog is only touched by the
+agent's turn or, while idle, by the dialog requests under the lock.
 
 Engines: each model the graph uses is held by a ModelManager lease for the agent's life
 (taken at creation, or at first use with DeferAllocation), so a model is never freed under
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tryll_fast.workflow")
 
 IDLE, RUNNING, PAUSED, DESTROYED = "idle", "running", "paused", "destroyed"
+KV_OPERATION = "kv_operation"   # a Prefill / Evict / Status request is using the engines
 
 
 class Agent:
@@ -54,6 +57,11 @@ class Agent:
         self.projections: dict[str, Projection] = {}
         self._node_state: dict[str, dict] = {}
         self.turns_run = 0
+        # KV cells freed by EvictAgentKvCache (or never allocated: DeferAllocation); the
+        # next turn restores them first (workflow/kv.py)
+        self.kv_evicted = kv_init == codec.KvCacheInitialization.DeferAllocation
+        self.kv_job_done = threading.Event()     # clear while a KV-cache request runs
+        self.kv_job_done.set()
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self.state}>"
@@ -101,29 +109,6 @@ class Agent:
         from tryll_fast.engines.llama.request import Priority
         return (Priority.BACKGROUND if self.workload == codec.AgentWorkload.Background
                 else Priority.INTERACTIVE)
-
-    def prefill(self) -> dict[str, int]:
-        """Blocking (a worker): decode every Generate node's system prefix into its
-        conversation (KvCacheInitialization.Prefill). Returns counts for diagnostics."""
-        from tryll_fast.workflow.nodes.generate import GenerateNode
-        out = {"contexts": 0, "tokens": 0}
-        for node in self.graph.nodes.values():
-            if not isinstance(node.type, GenerateNode) or not node.params.system_prompt:
-                continue
-            engine = self.leases[node.spec.model].obj
-            formatter = self.runtime.formatter(engine)
-            messages = [{"role": "system", "content": node.params.system_prompt},
-                        {"role": "user", "content": "x"}]
-            text = formatter.stable_prefix(messages).text
-            if not text:
-                continue
-            tokens = engine.tokenize(text, add_special=formatter.add_bos, parse_special=True)
-            handle = engine.prefill(self.conv_key(node.name), tokens,
-                                    shared_prefix_len=len(tokens))
-            handle.wait(300)
-            out["contexts"] += 1
-            out["tokens"] += handle.stats.prefilled_tokens
-        return out
 
     # ---- teardown ----
 

@@ -5,7 +5,9 @@ A component is one thing a turn produced or received: the player's message (slot
 (hidden: it shapes this turn's prompts only), a tool call a ToolCall node detected and the
 result that answers it (linked by call_id; `extra` holds call_id, disposition, state and
 whether the pair is projected into later prompts). The kinds and roles map one to one onto
-the TDLG snapshot (schema/dialog.fbs), so export keeps full fidelity.
+the TDLG snapshot (schema/dialog.fbs, workflow/snapshot.py), so export keeps full
+fidelity; "knowledge" and "summary" components arrive only from imported snapshots (this
+build has no Retrieve or Summarize node) and are kept for the next export.
 
 Projection (projection.py) turns interactions into chat messages (`messages()`): the user
 message, then assistant replies joined into one assistant message (templates that insist
@@ -15,7 +17,6 @@ end, so a projection knows when its token window must be rebuilt.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ def now_ms() -> int:
 @dataclass
 class Component:
     kind: str                 # "user" | "assistant" | "instruction" | "tool_call" | "tool_result"
+    #                           | "knowledge" | "summary"
     slot: str                 # USER_SLOT, or the producing node's name
     text: str                 # a call's arguments_json, a result's text
     node_name: str = ""
@@ -107,22 +109,26 @@ class Interaction:
 class Dialog:
     def __init__(self) -> None:
         self.interactions: list[Interaction] = []
-        self._ids = itertools.count(1)
+        self.next_id = 1          # interaction ids only grow, even across edits
         self.version = 0          # bumped by edits other than appending at the end
 
     def __len__(self) -> int:
         return len(self.interactions)
 
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
     def begin(self, user_text: str) -> Interaction:
         """A new interaction holding the player's message."""
-        inter = Interaction(id=next(self._ids))
+        inter = Interaction(id=self._new_id())
         inter.add(Component(kind="user", slot=USER_SLOT, text=user_text, role="user",
                             producer="player"))
         self.interactions.append(inter)
         return inter
 
     def append_scripted(self, user: str, assistant: str) -> Interaction:
-        inter = Interaction(id=next(self._ids), outcome="completed")
+        inter = Interaction(id=self._new_id(), outcome="completed")
         if user:
             inter.add(Component(kind="user", slot=USER_SLOT, text=user, role="user",
                                 producer="client_injected"))
@@ -150,3 +156,9 @@ class Dialog:
         if self.interactions:
             self.interactions.clear()
             self.version += 1
+
+    def replace(self, interactions: list[Interaction]) -> None:
+        """ImportDialog / LoadDialog: the whole dialog at once (validated already)."""
+        self.interactions = list(interactions)
+        self.next_id = max([self.next_id] + [i.id + 1 for i in interactions])
+        self.version += 1

@@ -8,9 +8,12 @@ Rules (3003 GraphCompilationFailed, the message names the node and the field):
 - node types whose feature this build lacks are 2007 FeatureNotAvailable.
 ChangeAgentParam re-runs the node type's check with code 3007 InvalidParamValue, after
 refusing a different params type (3007) or a changed structural field (3006).
+`fingerprint()` hashes the graph's shape for dialog snapshots (workflow/snapshot.py).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -56,6 +59,11 @@ class NodeType:
     def model_names(self, node: "Node", default_model: str) -> tuple[str, ...]:
         """Models this node runs on (for leases)."""
         return ()
+
+    def prefix_args(self, agent, node: "Node", formatter) -> dict[str, Any]:
+        """A language-model node: the Projection.build arguments that shape its prompt
+        before the turn's input (for the KV lifecycle's cacheable prefix)."""
+        raise NotImplementedError
 
 
 class Node:
@@ -166,6 +174,38 @@ def _structural_change(old, new, where: str) -> str | None:
                 if found:
                     return found
     return None
+
+
+def structural_values(params) -> dict:
+    """The structural fields of a node's params (nested tables included), as plain values:
+    what ChangeAgentParam can never change, so what identifies the graph's shape."""
+    out: dict = {}
+    if params is None:
+        return out
+    cls = type(params)
+    for name in cls.FIELDS:
+        v = getattr(params, name)
+        if name in cls.STRUCTURAL:
+            out[name] = _plain(v)
+        elif isinstance(v, codec.Table) and type(v).STRUCTURAL:
+            out[name] = structural_values(v)
+    return out
+
+
+def fingerprint(graph: Graph) -> str:
+    """Lowercase hex SHA-256 over the start node and, per node (by name), its kind and
+    structural params: stable across ChangeAgentParam, different for another graph."""
+    shape = {"start": graph.start,
+             "nodes": [[n.name, n.type.kind, structural_values(n.params)]
+                       for n in sorted(graph.nodes.values(), key=lambda n: n.name)]}
+    text = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _json_default(v):
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).hex()
+    raise TypeError(f"{type(v).__name__} in structural params")
 
 
 def _plain(v):

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 
 from tryll_fast import codec
-from tryll_fast.workflow.dialog import USER_SLOT, Dialog, Interaction
+from tryll_fast.workflow.dialog import USER_SLOT, Component, Dialog, Interaction
 
 KEEP_FRACTION = 0.75
 Placement = codec.PromptPlacement
@@ -262,6 +262,38 @@ class Projection:
                       shared_prefix_len=self._shared_len(head, tokens, template_tools),
                       text=text, window=len(history) - dropped, dropped=dropped,
                       messages=rendered[dropped])
+
+    def cacheable_prefix(self, dialog: Dialog, *, n_ctx: int, reserve: int,
+                         **args) -> tuple[list[int], int]:
+        """The tokens every next prompt of this node starts with, whatever the player says
+        (system part, tools, the history window), and how many of them are the shared
+        prefix. Found as the common start of two prompts built around different probe
+        messages, cut back to just after its last special token (llama.cpp tokenizes the
+        text between special tokens on its own, so those tokens cannot change with what
+        follows) or to the end of the shared prefix if that is further. Moves the window
+        like a real build would."""
+        builds = []
+        for probe in ("\x01probe-A\x01", "\x02probe-B\x02"):
+            current = Interaction(id=dialog.next_id)
+            current.add(Component(kind="user", slot=USER_SLOT, text=probe, role="user",
+                                  producer="player"))
+            builds.append(self.build(dialog, current, input_text=probe, n_ctx=n_ctx,
+                                     reserve=reserve, **args))
+        a, b = builds[0].tokens, builds[1].tokens
+        n = 0
+        limit = min(len(a), len(b))
+        while n < limit and a[n] == b[n]:
+            n += 1
+        common = n
+        special = self.engine.model.special_tokens
+        while n and a[n - 1] not in special:
+            n -= 1
+        # The shared prefix is checked token for token against the prompts already (and
+        # ends on a newline, where vocabularies do not merge): it may end past that cut.
+        shared = builds[0].shared_prefix_len
+        if shared <= common:
+            n = max(n, shared)
+        return a[:n], min(shared, n)
 
     def _shared_len(self, head: list[dict], tokens: list[int], template_tools) -> int:
         if not head and not template_tools:

@@ -35,7 +35,7 @@ from tryll_fast import codec
 from tryll_fast.engines.llama.errors import EngineError
 from tryll_fast.engines.llama.sampling import SamplingParams
 from tryll_fast.errors import ErrorCode
-from tryll_fast.workflow import templates
+from tryll_fast.workflow import kv, templates
 from tryll_fast.workflow._stream import AnswerStream
 from tryll_fast.workflow.agent import DESTROYED, IDLE, PAUSED, RUNNING, Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
@@ -90,6 +90,7 @@ class Turn:
         self._nodes_diag: list[dict[str, Any]] = []
         self._diag: dict[str, Any] | None = None
         self._pause_request = None
+        self._kv_restore: dict | None = None
         self.paused: Paused | None = None
         self.regex_timeout_s = agent.runtime.limits.regex_timeout_s
         self.t_start = time.perf_counter()
@@ -112,6 +113,8 @@ class Turn:
         limit = agent.runtime.limits.max_steps_per_turn
         status = Status.Success
         try:
+            if agent.kv_evicted:
+                await self._restore_kv()
             node = agent.graph.nodes[agent.graph.start]
             while node is not None:
                 if self.cancelled:
@@ -148,6 +151,18 @@ class Turn:
         finally:
             self._finish(status)
 
+    async def _restore_kv(self) -> None:
+        """The agent's KV was evicted: prefill every eligible node again first (seed 000:
+        restored before every SendMessage, no error, no client request)."""
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        report = await loop.run_in_executor(self.agent.runtime.workers, kv.restore,
+                                            self.agent)
+        if report is not None:
+            self._kv_restore = {"ms": round((time.perf_counter() - t0) * 1000, 3),
+                                "tokens_decoded": report.tokens_decoded,
+                                "tokens_reused": report.tokens_reused}
+
     def _error(self, message: str) -> None:
         if self._diag is not None:
             self._diag["error"] = message
@@ -162,7 +177,8 @@ class Turn:
             if status in (Status.Success, Status.PauseTimedOut) or (
                     status == Status.Cancelled
                     and self.cancel_mode == codec.CancelMode.StopAndKeep):
-                inter.outcome = "cancelled_kept" if status == Status.Cancelled else "completed"
+                inter.outcome = {Status.Cancelled: "cancelled_kept",
+                                 Status.PauseTimedOut: "failed"}.get(status, "completed")
                 inter.completed_ms = int(time.time() * 1000)
             else:
                 agent.dialog.remove(inter)
@@ -209,9 +225,9 @@ class Turn:
         self.session.send_frame(codec.encode_answer_text(self.agent.id, node_name, text,
                                                          False, True))
 
-    def add_reply(self, node, text: str) -> None:
-        self.interaction.add(Component(kind="assistant", slot=node.name, text=text,
-                                       node_name=node.name))
+    def add_reply(self, node, text: str) -> Component:
+        return self.interaction.add(Component(kind="assistant", slot=node.name, text=text,
+                                              node_name=node.name))
 
     def add_instruction(self, node, name: str, text: str) -> None:
         self.instructions.append((name, text))
@@ -301,7 +317,7 @@ class Turn:
                 self.finals += 1
             if (self.cancel_mode == codec.CancelMode.StopAndKeep and handle.text
                     and stream is not None):
-                self.add_reply(node, handle.text)
+                self.add_reply(node, handle.text).extra["truncated"] = True
             raise TurnCancelled()
         if handle.error is not None:
             raise TurnFailure(f"node {node.name!r}: {handle.error}")
@@ -438,6 +454,7 @@ class Turn:
             "tokens_generated": self.tokens_generated,
             "total_ms": round((time.perf_counter() - self.t_start) * 1000, 3),
             "nodes": self._nodes_diag,
+            **({"kv_restore": self._kv_restore} if self._kv_restore else {}),
         }, ensure_ascii=False, default=str)
 
 

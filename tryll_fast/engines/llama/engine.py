@@ -202,6 +202,21 @@ class LlamaEngine:
                 self._sched.slots.release(conv)
         self._call(run, timeout)
 
+    def conversation(self, key, prefix=None, timeout: float | None = 30) -> dict | None:
+        """What the engine holds for a conversation (None: nothing): its token count,
+        whether its KV is in a seq slot or a host copy, whether it is busy, and whether its
+        tokens start with `prefix` (a token list)."""
+        def run():
+            conv = self._sched.slots.get(key)
+            if conv is None:
+                return None
+            held = conv.tokens
+            return {"tokens": len(held), "resident": conv.resident,
+                    "saved": conv.saved is not None, "busy": conv.busy,
+                    "holds_prefix": prefix is not None and len(held) >= len(prefix)
+                    and held[:len(prefix)] == list(prefix)}
+        return self._call(run, timeout)
+
     def clear_prefixes(self, timeout: float | None = 30) -> int:
         """Drop every shared prefix nobody is attached to; returns how many."""
         return self._call(self._sched.cache.evict_idle, timeout)

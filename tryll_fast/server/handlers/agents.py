@@ -15,7 +15,8 @@ from tryll_fast.models import ModelError
 from tryll_fast.server.dispatch import handles
 from tryll_fast.server.errors import ErrorCode, RequestError
 from tryll_fast.server.logs import fields
-from tryll_fast.workflow.agent import IDLE, PAUSED, RUNNING, Agent
+from tryll_fast.workflow import kv
+from tryll_fast.workflow.agent import IDLE, KV_OPERATION, PAUSED, RUNNING, Agent
 from tryll_fast.workflow.graph import CompileContext, check_change, compile_graph
 from tryll_fast.workflow.nodes import TYPES
 from tryll_fast.workflow.turn import Turn
@@ -74,7 +75,8 @@ def agent_of(session, agent_id: int) -> Agent:
 
 
 def _busy(agent: Agent, what: str) -> RequestError:
-    doing = "running a turn" if agent.state == RUNNING else "paused in a turn"
+    doing = {RUNNING: "running a turn", PAUSED: "paused in a turn",
+             KV_OPERATION: "in a KV-cache operation"}.get(agent.state, agent.state)
     return RequestError(ErrorCode.AgentBusy, f"agent {agent.id} is {doing}: {what}")
 
 
@@ -114,8 +116,10 @@ def _create(session, req):
     try:
         if agent.kv_init != codec.KvCacheInitialization.DeferAllocation:
             agent.lease_all()
-        prefill = agent.prefill() if agent.kv_init == codec.KvCacheInitialization.Prefill \
-            else None
+        prefill = None
+        if agent.kv_init == codec.KvCacheInitialization.Prefill:
+            report = kv.prefill(agent)
+            prefill = {"contexts": report.contexts_created, "tokens": report.tokens_decoded}
     except ModelError as exc:
         agent.release()
         raise RequestError(ErrorCode.GraphCompilationFailed,
@@ -166,7 +170,8 @@ def resume_agent(session, req):
         turn = agent.turn
         paused = turn.paused if turn is not None and agent.state == PAUSED else None
         if paused is None:
-            doing = "running a turn" if agent.state == RUNNING else "idle"
+            doing = {RUNNING: "running a turn", KV_OPERATION: "in a KV-cache operation"}.get(
+                agent.state, "idle")
             raise RequestError(ErrorCode.AgentNotPaused,
                                f"agent {agent.id} is {doing}, not paused: nothing to resume")
         if req.resume_node and req.resume_node not in agent.graph.nodes:
@@ -235,7 +240,7 @@ def change_agent_param(session, req):
                            f"agent {agent.id} has no node {req.node_name!r} (nodes: "
                            f"{', '.join(agent.graph.nodes)})")
     with agent.lock:
-        if agent.state == RUNNING:
+        if agent.state in (RUNNING, KV_OPERATION):
             raise _busy(agent, "params change only while idle or paused")
         ctx = CompileContext(node_names=frozenset(agent.graph.nodes),
                              default_model=agent.default_model, variables=agent.variables,
@@ -252,7 +257,7 @@ def change_agent_param(session, req):
 def update_variables(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        if agent.state == RUNNING:
+        if agent.state in (RUNNING, KV_OPERATION):
             raise _busy(agent, "variables change only while idle or paused")
         agent.variables.apply(req.updates)
     return codec.Ack(request_id=req.request_id)

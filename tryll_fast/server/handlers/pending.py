@@ -11,11 +11,6 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.server.errors import ErrorCode, RequestError
 
 FEATURES = {
-    "the dialog lifecycle (KV requests, edit, export, save)": (
-        "PrefillAgentKvCacheRequest", "EvictAgentKvCacheRequest",
-        "GetAgentKvCacheStatusRequest", "AppendInteractionsRequest",
-        "RemoveInteractionsFromEndRequest", "ExportDialogRequest", "ImportDialogRequest",
-        "SaveDialogRequest", "LoadDialogRequest"),
     "voice (speech output and voice input)": (
         "CreateVoiceInputRequest", "BeginUtteranceRequest", "EndUtteranceRequest",
         "CancelUtteranceRequest", "DestroyVoiceInputRequest", "SetAgentVoiceRequest",

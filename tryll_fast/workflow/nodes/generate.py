@@ -16,6 +16,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, RequestError
 from tryll_fast.workflow.dialog import USER_SLOT
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
+from tryll_fast.workflow import templates
 from tryll_fast.workflow.nodes.llm import compile_llm
 from tryll_fast.workflow.templates import TemplateError, compile_template
 
@@ -70,6 +71,19 @@ class GenerateNode(NodeType):
 
     def model_names(self, node: Node, default_model: str) -> tuple[str, ...]:
         return (node.spec.model,)
+
+    def prefix_args(self, agent, node: Node, formatter) -> dict:
+        p = node.params
+        template = node.spec.extra["template"]
+        rendered = ""
+        if template and p.placement == codec.PromptPlacement.SystemPromptEnd:
+            # Only this placement puts the template before the turn's input; it renders
+            # with the variables as they are now (a later change re-syncs the prompt).
+            rendered = template.render(templates.context(
+                variables=agent.variables.template_view(), instructions=[],
+                locale=agent.session.locale, user_message=""))
+        return dict(system_prompt=p.system_prompt, template_text=rendered,
+                    placement=int(p.placement), input_slot=node.spec.extra["input"])
 
     async def run(self, turn, node: Node) -> str:
         p = node.params

@@ -49,6 +49,15 @@ ACKNOWLEDGES = {Disp.Acknowledge, Disp.NotifyAndAcknowledge, Disp.PauseAndAcknow
 PAUSES = {Disp.Pause, Disp.PauseAndAcknowledge, Disp.AwaitResult}
 
 
+def _toolset(x: dict, formatter) -> ToolSet:
+    """The node's tools rendered for one model's chat format (built once per formatter)."""
+    ts = x["toolsets"].get(id(formatter))
+    if ts is None:
+        ts = x["toolsets"][id(formatter)] = ToolSet(
+            x["specs"], formatter=formatter, parallel_tool_calls=x["parallel"])
+    return ts
+
+
 class ToolCallNode(NodeType):
     kind = "ToolCall"
     params_cls = codec.ToolCallParams
@@ -84,6 +93,11 @@ class ToolCallNode(NodeType):
     def model_names(self, node: Node, default_model: str) -> tuple[str, ...]:
         return (node.spec.model,)
 
+    def prefix_args(self, agent, node: Node, formatter) -> dict:
+        x = node.spec.extra
+        return dict(system_prompt=node.params.system_prompt, input_slot=x["input"],
+                    tools=_toolset(x, formatter), tool_mode=x["mode"])
+
     async def run(self, turn, node: Node) -> str:
         p = node.params
         spec = node.spec
@@ -91,11 +105,7 @@ class ToolCallNode(NodeType):
         mode, disposition = x["mode"], x["disposition"]
 
         def toolset(formatter) -> ToolSet:
-            ts = x["toolsets"].get(id(formatter))
-            if ts is None:
-                ts = x["toolsets"][id(formatter)] = ToolSet(
-                    x["specs"], formatter=formatter, parallel_tool_calls=x["parallel"])
-            return ts
+            return _toolset(x, formatter)
 
         handle, ts = await turn.run_model(node, spec, system_prompt=p.system_prompt,
                                           input_slot=x["input"], tools=toolset,
