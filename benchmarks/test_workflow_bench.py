@@ -60,7 +60,14 @@ def create_agent(c: Client) -> int:
 def run_turn(c: Client, agent_id: int, text: str) -> dict:
     c.sock.sendall(codec.encode(codec.SendMessageRequest(request_id=3, agent_id=agent_id,
                                                          text=text)))
-    t0 = time.perf_counter()
+    first, complete = _drain_turn(c, time.perf_counter())
+    node = json.loads(complete.debug_info)["nodes"][0]
+    return {"first_s": first, "engine_first_s": node["timings_ms"]["first_token"] / 1000,
+            "stream": node["stream"]}
+
+
+def _drain_turn(c: Client, t0: float):
+    """(seconds from t0 to the turn's first AnswerText, its TurnComplete)."""
     first = None
     while True:
         body = codec.decode(c.next_frame()).body
@@ -68,14 +75,12 @@ def run_turn(c: Client, agent_id: int, text: str) -> dict:
             first = time.perf_counter() - t0
         if isinstance(body, codec.TurnComplete):
             assert body.status == codec.TurnStatus.Success, body
-            node = json.loads(body.debug_info)["nodes"][0]
-            return {"first_s": first, "engine_first_s": node["timings_ms"]["first_token"] / 1000,
-                    "stream": node["stream"]}
+            return first, body
 
 
 def turns(c: Client, rounds: int) -> list[dict]:
     out = []
-    for r in range(rounds):
+    for _ in range(rounds):
         agent_id = create_agent(c)
         for q in QUESTIONS[:4]:
             out.append(run_turn(c, agent_id, q))
@@ -146,16 +151,11 @@ def _request(c: Client, body):
             return reply
 
 
-def _first_answer(c: Client, t0: float) -> float:
-    """Seconds from t0 to the next AnswerText; drains the turn to its TurnComplete."""
-    first = None
-    while True:
-        body = codec.decode(c.next_frame()).body
-        if first is None and isinstance(body, codec.AnswerText):
-            first = time.perf_counter() - t0
-        if isinstance(body, codec.TurnComplete):
-            assert body.status == codec.TurnStatus.Success, body
-            return first
+def _first_answer(c: Client, body) -> float:
+    """Send body (a SendMessage or a Resume); seconds until the turn's first AnswerText."""
+    t0 = time.perf_counter()
+    c.sock.sendall(codec.encode(body))
+    return _drain_turn(c, t0)[0]
 
 
 def test_resume_latency(benchmark, server):
@@ -180,14 +180,9 @@ def test_resume_latency(benchmark, server):
                 body = codec.decode(c.next_frame()).body
                 if isinstance(body, codec.NodeEvent) and body.event_type == "paused":
                     break
-            t0 = time.perf_counter()
-            c.sock.sendall(codec.encode(codec.ResumeAgentRequest(request_id=8,
-                                                                 agent_id=paused)))
-            resume = _first_answer(c, t0)
-            t0 = time.perf_counter()
-            c.sock.sendall(codec.encode(codec.SendMessageRequest(request_id=9, agent_id=direct,
-                                                                 text=q)))
-            return resume, _first_answer(c, t0)
+            resume = _first_answer(c, codec.ResumeAgentRequest(request_id=8, agent_id=paused))
+            return resume, _first_answer(c, codec.SendMessageRequest(request_id=9,
+                                                                     agent_id=direct, text=q))
 
         one("Hi")                                          # warm both conversations
         pairs = benchmark.pedantic(lambda: [one(q) for q in QUESTIONS], rounds=1,
@@ -232,18 +227,14 @@ def test_evict_and_restore(benchmark, server):
                                                   snapshot=snap))
             out = {"evict_s": evict_s}
             for name, aid in (("restore", evicted), ("fresh", fresh)):
-                t0 = time.perf_counter()
-                c.sock.sendall(codec.encode(codec.SendMessageRequest(request_id=17,
-                                                                     agent_id=aid, text=q)))
-                out[name] = _first_answer(c, t0)
+                out[name] = _first_answer(c, codec.SendMessageRequest(request_id=17,
+                                                                      agent_id=aid, text=q))
             _request(c, codec.RemoveInteractionsFromEndRequest(request_id=18, agent_id=evicted,
                                                                count=1))
             _request(c, codec.DestroyAgentRequest(request_id=19, agent_id=fresh))
             _request(c, codec.PrefillAgentKvCacheRequest(request_id=20, agent_id=warm))
-            t0 = time.perf_counter()
-            c.sock.sendall(codec.encode(codec.SendMessageRequest(request_id=21, agent_id=warm,
-                                                                 text=q)))
-            out["warm"] = _first_answer(c, t0)
+            out["warm"] = _first_answer(c, codec.SendMessageRequest(request_id=21,
+                                                                    agent_id=warm, text=q))
             _request(c, codec.RemoveInteractionsFromEndRequest(request_id=22, agent_id=warm,
                                                                count=1))
             return out
