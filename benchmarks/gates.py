@@ -127,7 +127,8 @@ def report(data):
             details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
                        if k not in ("suite", "case")}
             print(f"{case:16} {median:9.3f}  {details}")
-    for case in ("single_agent", "eight_agents", "resume", "kv_lifecycle"):
+    for case in ("single_agent", "eight_agents", "resume", "kv_lifecycle",
+                 "kv_lifecycle_host_copy"):
         info = workflow_info(data, case)
         if info:
             details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()

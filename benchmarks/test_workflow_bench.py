@@ -34,13 +34,13 @@ QUESTIONS = ["Hello! Who are you?", "What do you sell?", "Which bread is best to
              "How much is a pie?", "Who lives by the mill?", "Is the bridge safe?",
              "What happened last winter?", "Do you know the smith?"]
 MAX_TOKENS = 32
+SETTINGS = ("llama.max_n_ctx=4096", "llama.n_slots=12", "llama.n_batch=512")
 
 
 @pytest.fixture(scope="module")
 def server():
     ensure_model(SMOL, MODELS_DIR)
-    proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=(
-        "llama.max_n_ctx=4096", "llama.n_slots=12", "llama.n_batch=512"))
+    proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS)
     yield proc
     proc.close()
 
@@ -196,9 +196,26 @@ def test_resume_latency(benchmark, server):
         send_to_first_token_ms_p50=statistics.median(p[1] for p in pairs) * 1000)
 
 
+@pytest.fixture(scope="module")
+def host_copy_server():
+    proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS + (
+        "workflow.kv_evict_keeps_host_copy=true",))
+    yield proc
+    proc.close()
+
+
 def test_evict_and_restore(benchmark, server):
     """A dialog of 12 scripted interactions: the turn after an eviction re-prefills it
     (the system prefix stays shared), a warm agent decodes only the new user turn."""
+    _evict_and_restore(benchmark, server, "kv_lifecycle")
+
+
+def test_evict_and_restore_host_copy(benchmark, host_copy_server):
+    """The same with workflow.kv_evict_keeps_host_copy: the restore copies the KV back."""
+    _evict_and_restore(benchmark, host_copy_server, "kv_lifecycle_host_copy")
+
+
+def _evict_and_restore(benchmark, server, case: str):
     c = Client(server.port)
     history = [codec.DialogInteraction(
         user_message=f"Tell me about {thing}.",
@@ -246,7 +263,7 @@ def test_evict_and_restore(benchmark, server):
         c.close()
     benchmark.group = "workflow"
     benchmark.extra_info.update(
-        suite="workflow", case="kv_lifecycle", rounds=len(rounds),
+        suite="workflow", case=case, rounds=len(rounds),
         history_interactions=len(history) + 1,
         evict_ms_p50=statistics.median(r["evict_s"] for r in rounds) * 1000,
         restore_first_token_ms_p50=statistics.median(r["restore"] for r in rounds) * 1000,

@@ -560,3 +560,31 @@ def test_kv_requests_for_other_agents(w):
     assert s.debug_info == ""                             # no diagnostics
     w.expect_error(codec.GetAgentKvCacheStatusRequest(request_id=w.rid(), agent_id=999999),
                    ErrorCode.InvalidAgentId)
+
+
+def test_eviction_can_keep_a_host_copy(model_file, tmp_path):
+    model_file(SMOL)
+    srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
+        "llama.max_n_ctx=2048", "workflow.kv_evict_keeps_host_copy=true"])
+    try:
+        with Wire(srv.address, timeout=120) as w:
+            w.create_session(locale="en")
+            aid = create(w, baker(), enable_diagnostics=True)
+            append(w, aid, *[(f"Tell me about the {x}.", f"The {x} is lovely.")
+                             for x in ("mill", "bridge", "river")])
+            assert kv(w, codec.PrefillAgentKvCacheRequest, aid).prefix_status == Prefix.Current
+            e = kv(w, codec.EvictAgentKvCacheRequest, aid)
+            assert (e.contexts_evicted, e.residency) == (1, Residency.Evicted)
+            key = repr(("agent", aid, "answer"))
+            [engine] = srv.engines()
+            seq = engine.memory()["sequences"][key]
+            assert not seq["resident"] and seq["host_bytes"] > 0
+            frames = turn(w, aid, "And the forest?")
+            info = json.loads(frames[-1].debug_info)
+            assert info["kv_restore"]["tokens_decoded"] == 0      # the copy comes back
+            tokens = prompt_of(frames)["tokens"]
+            assert tokens["cached"] > tokens["prefilled"]
+            assert kv(w, codec.GetAgentKvCacheStatusRequest, aid).residency == \
+                Residency.Resident
+    finally:
+        srv.shutdown(5)

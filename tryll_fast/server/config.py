@@ -167,6 +167,10 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
             "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
             minimum=0),
+    Setting("workflow.kv_evict_keeps_host_copy", "bool", False,
+            "EvictAgentKvCache copies each conversation's KV to host memory (restored in "
+            "milliseconds, but the copy costs RAM) instead of freeing it (the next turn "
+            "re-prefills the dialog)"),
     Setting("workflow.regex_timeout_ms", "int", 50,
             "time limit of one guardrail pattern search on one message (over it: 4001)",
             minimum=1, maximum=10_000),
@@ -205,6 +209,7 @@ class ServerConfig:
     workflow_max_steps_per_turn: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
+    workflow_kv_evict_keeps_host_copy: bool
     workflow_regex_timeout_ms: int
     llama_max_n_ctx: int
     llama_n_slots: int

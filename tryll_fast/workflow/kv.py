@@ -7,11 +7,13 @@ history window (Projection.cacheable_prefix).
 
 - Prefill decodes each eligible node's cacheable prefix into its conversation, reusing
   what the conversation (or the shared prefix cache) already holds.
-- Evict frees each conversation's KV cells outright. On this CPU build the KV cache *is*
-  host memory, so a host copy would save nothing: eviction is for giving the cells to other
-  agents. The dialog, variables, graph and projections stay; the next SendMessage (or
-  Prefill) restores every eligible node by prefilling its cacheable prefix again, before
-  the turn's first node runs (a shared system prefix still cached costs nothing).
+- Evict frees each conversation's KV cells outright: eviction is for giving memory back,
+  and on this CPU build the KV cache *is* host memory. The dialog, variables, graph and
+  projections stay; the next SendMessage (or Prefill) restores every eligible node by
+  prefilling its cacheable prefix again, before the turn's first node runs (a shared system
+  prefix still cached costs nothing). With `workflow.kv_evict_keeps_host_copy` the cells
+  move to a host copy instead (llama_state_seq_get_data): the restore is a copy back,
+  milliseconds instead of a re-prefill, and the copy holds the memory meanwhile.
 - Status reads the aggregate: residency Resident unless evicted (or never allocated, with
   DeferAllocation); prefix_status Current when every eligible conversation holds its
   node's cacheable prefix now (a turn leaves it NotCurrent: its reply was generated, not
@@ -119,8 +121,10 @@ def prefill(agent, timeout: float = 300.0) -> KvReport:
 
 
 def evict(agent) -> KvReport:
-    """Free every eligible conversation's KV cells; the agent keeps everything else."""
+    """Free every eligible conversation's KV cells (or move them to a host copy, with
+    workflow.kv_evict_keeps_host_copy); the agent keeps everything else."""
     nodes = eligible(agent)
+    keep = agent.runtime.limits.kv_evict_keeps_host_copy
     report = KvReport(applicable=bool(nodes), residency=Residency.Evicted,
                       prefix_status=PrefixStatus.NotCurrent, eligible_node_count=len(nodes))
     for node in nodes:
@@ -132,10 +136,14 @@ def evict(agent) -> KvReport:
         engine = lease.obj
         key = agent.conv_key(node.name)
         held = engine.conversation(key)
-        if held is not None and held["tokens"]:
+        if held is None:
+            continue
+        if held["tokens"] and (held["resident"] or not keep):
             entry.update(evicted=True, tokens=held["tokens"])
             report.contexts_evicted += 1
-        if held is not None:
+        if keep:
+            engine.evict(key)
+        else:
             engine.release(key)
     agent.kv_evicted = bool(nodes)
     return report
