@@ -7,13 +7,16 @@ Gates (python -m benchmarks.gates):
   engine_restore_vs_reprefill     re-prefill / restore        >= 50
   engine_kv_sharing_efficiency    ideal cells / used cells    >= 0.95
 Reported, not gated: time to first token per agent, p50/p99 inter-token
-latency with 8 and 32 agents, scheduler overhead per step."""
+latency with 8 and 32 agents, scheduler overhead per step, and how a long prompt
+arriving while others stream stalls them (prefill_while_decoding 0 vs 128)."""
 import statistics
 import time
 
 import pytest
 
-from benchmarks.engine_workload import HighLevelBaseline, MAX_TOKENS, N_THREADS, model_path, prompts
+from benchmarks.engine_workload import (
+    HighLevelBaseline, MAX_TOKENS, N_THREADS, lore, model_path, prompts,
+)
 from tryll_fast.engines.llama import LlamaEngine
 
 N_AGENTS = 8
@@ -104,6 +107,51 @@ def test_latency_32_agents(benchmark, engine):
                        setup=lambda: _reset(engine, 32), rounds=1, iterations=1)
     benchmark.extra_info.update(_latency_report(*runs[-1]))
     _reset(engine, 32)
+
+
+@pytest.mark.parametrize("cap", [0, 128])
+def test_long_prompt_while_streaming(benchmark, engine, cap):
+    """Not gated: four agents stream; a fifth arrives with an ~830-token prompt. With
+    prefill_while_decoding the prompt goes in 128-token chunks, one per step, so the
+    streams keep getting tokens (the server's default is 128; 0 = whole n_batch steps)."""
+    benchmark.group = "engine long prompt while streaming"
+    benchmark.extra_info.update(suite="engine", case=f"newcomer_cap_{cap}", cap=cap)
+    base, texts = prompts(4)
+    shared = len(engine.tokenize(base))
+    newcomer = (lore() + " ") * 2 + "Tell me a story."
+    results = []
+
+    def run():
+        arrivals = [[] for _ in texts]
+        streams = [engine.submit(p, key=("agent", i), shared_prefix_len=shared, max_tokens=48,
+                                 ignore_eos=True,
+                                 on_text=lambda _c, a=arrivals[i]: a.append(time.perf_counter()))
+                   for i, p in enumerate(texts)]
+        while not all(len(a) >= 4 for a in arrivals):
+            time.sleep(0.002)
+        first = []
+        t0 = time.perf_counter()
+        h = engine.submit(newcomer, key=("newcomer",), max_tokens=4, ignore_eos=True,
+                          on_text=lambda _c: first.append(time.perf_counter()))
+        h.result(600)
+        for s in streams:
+            s.result(600)
+        gaps = [b - a for times in arrivals for a, b in zip(times, times[1:]) if b > t0]
+        results.append((first[0] - t0, max(gaps), h.stats.prompt_tokens))
+
+    def setup():
+        _reset(engine, 4)
+        engine.release(("newcomer",))
+    engine.prefill_while_decoding = cap
+    try:
+        benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    finally:
+        engine.prefill_while_decoding = 0
+        setup()
+    benchmark.extra_info.update(
+        newcomer_prompt_tokens=results[-1][2],
+        newcomer_ttft_s=statistics.median(r[0] for r in results),
+        streams_max_gap_ms=statistics.median(r[1] for r in results) * 1e3)
 
 
 def _one_prompt():

@@ -437,3 +437,29 @@ def test_on_finish_runs_once_with_the_finished_handle(engine):
                       on_finish=lambda hh: cancelled.append(hh.finish_reason))
     c.cancel()
     assert c.wait(60) and cancelled == ["cancelled"]
+
+
+@pytest.mark.parametrize("cap", [0, 16])
+def test_prompts_are_chunked_while_others_stream(smollm2_model, cap):
+    """With prefill_while_decoding, a long prompt arriving while a conversation streams is
+    decoded in small chunks, and the stream gets a token every step meanwhile."""
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=4, n_batch=256,
+                     prefill_while_decoding=cap) as eng:
+        assert eng.prefill_while_decoding == cap
+        times = []
+        stream = eng.submit(chatml("Tell me a long story about a dragon."), max_tokens=120,
+                            ignore_eos=True, on_text=lambda _t: times.append(time.monotonic()))
+        while len(times) < 3:
+            time.sleep(0.005)
+        prompt = eng.tokenize(chatml("Describe the village. " * 40))
+        assert len(prompt) > 160
+        before = len(times)
+        eng.prefill(("newcomer",), prompt).wait(60)
+        during = len(times) - before
+        stream.result(60)
+        if cap:
+            assert during >= len(prompt) // cap - 1      # one token per prompt chunk
+        else:
+            assert during <= 2                           # the prompt went in one step
+    with pytest.raises(InvalidRequest, match="prefill_while_decoding"):
+        LlamaEngine(smollm2_model, prefill_while_decoding=-1)

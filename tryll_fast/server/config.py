@@ -180,6 +180,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("llama.n_slots", "int", 8, "conversations resident in one model's KV cache",
             minimum=1, maximum=256),
     Setting("llama.n_batch", "int", 512, "tokens per decode step", minimum=8),
+    Setting("llama.prefill_while_decoding", "int", 128,
+            "prompt tokens a decode step may carry while other conversations are streaming "
+            "(0 = n_batch): lower keeps running streams smooth when a long prompt arrives, "
+            "higher gets that prompt its first token sooner", minimum=0),
     Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
             maximum=256),
 )
@@ -214,6 +218,7 @@ class ServerConfig:
     llama_max_n_ctx: int
     llama_n_slots: int
     llama_n_batch: int
+    llama_prefill_while_decoding: int
     llama_n_threads: int
     # where each value came from: key -> "flag" | "env" | "file <path>" | "default"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -248,7 +253,8 @@ class ServerConfig:
         """ModelManager engine_options."""
         return {"llama-cpp": {"max_n_ctx": self.llama_max_n_ctx, "n_slots": self.llama_n_slots,
                               "n_batch": self.llama_n_batch, "n_threads": self.llama_n_threads,
-                              "n_threads_batch": self.llama_n_threads}}
+                              "n_threads_batch": self.llama_n_threads,
+                              "prefill_while_decoding": self.llama_prefill_while_decoding}}
 
 
 def _check_table() -> None:

@@ -35,16 +35,22 @@ class LlamaEngine:
 
     n_slots conversation sequences can be resident at once (more wait or are
     evicted to host memory when idle); n_prefix_slots more seq ids hold shared
-    prefixes. The KV cache has n_ctx cells shared by all of them.
+    prefixes. The KV cache has n_ctx cells shared by all of them. A step carries at most
+    n_batch tokens; while sequences are generating, prompts get at most
+    prefill_while_decoding of them (0 = no cap), so a new long prompt cannot stall the
+    streams already running.
     """
 
     def __init__(self, model, *, n_ctx: int = 4096, n_slots: int = 8, n_prefix_slots: int = 2,
                  n_batch: int = 512, n_threads: int = 2, n_threads_batch: int = 2,
                  prefix_cell_budget: int | None = None, throttle: float = 0.0,
-                 flash_attn_type: int = -1):
+                 flash_attn_type: int = -1, prefill_while_decoding: int = 0):
         if n_slots < 1 or n_prefix_slots < 0:
             raise InvalidRequest(
                 f"n_slots={n_slots} must be >= 1, n_prefix_slots={n_prefix_slots} >= 0")
+        if not isinstance(prefill_while_decoding, int) or prefill_while_decoding < 0:
+            raise InvalidRequest(f"prefill_while_decoding={prefill_while_decoding!r} must be "
+                                 "an int >= 0 (0 = n_batch)")
         if n_batch < n_slots:
             # every generating sequence needs its token in each step's batch
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
@@ -61,6 +67,7 @@ class LlamaEngine:
             raise
         budget = self.ctx.n_ctx // 2 if prefix_cell_budget is None else prefix_cell_budget
         self._sched = Scheduler(self.ctx, n_slots, budget)
+        self._sched.prefill_while_decoding = prefill_while_decoding
         self._piece_fn = model_mod.token_to_piece_address()
         self._ids = itertools.count(1)
         self._cv = threading.Condition()
@@ -237,6 +244,17 @@ class LlamaEngine:
     @property
     def throttle(self) -> float:
         return self._sched.throttle
+
+    @property
+    def prefill_while_decoding(self) -> int:
+        """Prompt tokens a step may carry while sequences generate (0 = n_batch)."""
+        return self._sched.prefill_while_decoding
+
+    @prefill_while_decoding.setter
+    def prefill_while_decoding(self, n: int) -> None:
+        if not isinstance(n, int) or n < 0:
+            raise InvalidRequest(f"prefill_while_decoding={n!r} must be an int >= 0")
+        self._sched.prefill_while_decoding = n
 
     @contextlib.contextmanager
     def hold(self):

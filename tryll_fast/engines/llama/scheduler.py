@@ -83,6 +83,8 @@ class Scheduler:
                         Priority.BACKGROUND: collections.deque()}
         self.running: list[Request] = []
         self.throttle = 0.0
+        # prompt tokens a step may carry while sequences are generating (0 = n_batch)
+        self.prefill_while_decoding = 0
         self._order = itertools.count()
         self.steps = 0
         self.step_tokens = 0
@@ -192,6 +194,10 @@ class Scheduler:
                 entries.append((r.conv.seq_id, [r.next_token], True))
                 plan.append((r, 0))
                 budget -= 1
+        if entries and self.prefill_while_decoding:
+            # Streams are waiting for this step: a long prompt decoded alongside them
+            # would stall every one of them for the whole chunk.
+            budget = min(budget, self.prefill_while_decoding)
         for r in active:
             if r.next_token is None and budget > 0:
                 n = min(budget, len(r.todo) - r.done)
