@@ -19,20 +19,21 @@ def ref(name):
 
 
 PCM = array.array("h", (int(1000 * ((i % 64) - 32)) for i in range(2048)))   # 4 KiB
-PCM_NP = np.frombuffer(PCM, dtype=np.int16)
+PCM_BYTES = PCM.tobytes()      # TtsAudioFrame.pcm is [ubyte]: int16 LE as bytes
+PCM_NP = np.frombuffer(PCM_BYTES, dtype=np.uint8)
 
 
 # -- graph for CreateAgentRequest: 5 nodes, a ToolCall with 3 tools --------
 def _tool(name, desc, params):
     return c.ToolDefinition(name=name, description=desc, parameters=[
-        c.ToolParamDefinition(name=p, param_type="string", description=f"The {p}.")
+        c.ToolParamDefinition(name=p, type="string", description=f"The {p}.")
         for p in params])
 
 
 def create_agent_value():
     nodes = [
         c.NodeDescription(name="guard", params=c.HumanMessageGuardrailParams(
-            patterns=["(?i)kill", "(?i)password"], triggered_exit="refuse",
+            inline_strings=["(?i)kill", "(?i)password"], triggered_exit="refuse",
             not_triggered_exit="tools")),
         c.NodeDescription(name="tools", params=c.ToolCallParams(
             system_prompt="You can open doors, give items and check the weather.",
@@ -42,7 +43,7 @@ def create_agent_value():
             disposition=c.ToolCallDisposition.NotifyAndAcknowledge,
             tool_called_exit="answer", no_tool_called_exit="answer")),
         c.NodeDescription(name="lore", params=c.InstructionParams(
-            instruction_name="lore", text="Brenna runs the Prancing Pony since 1402.",
+            instruction_name="lore", instruction="Brenna runs the Prancing Pony since 1402.",
             default_exit="answer")),
         c.NodeDescription(name="answer", params=c.GenerateParams(
             model_name="SmolLM2-135M-Instruct",
@@ -64,7 +65,8 @@ def list_models_value():
     roles = [c.ModelRole.Language, c.ModelRole.Tts, c.ModelRole.Stt, c.ModelRole.Vad,
              c.ModelRole.Embedding]
     return c.ListModelsResponse(request_id=5, models=[
-        c.ModelInfo(name=f"model-{i}", role=roles[i % 5], engine=c.EngineKind.LlamaCpp,
+        c.ModelInfo(name=f"model-{i}", model_type=roles[i % 5],
+                    engine=c.InferenceEngine.LlamaCpp,
                     status=c.ModelStatus.Downloaded, size_bytes=93_000_000 + i,
                     description=f"Catalog entry number {i}", context_size=8192,
                     languages=["en", "de"], dependencies=[] if i % 3 else ["silero-vad"],
@@ -101,13 +103,14 @@ def ref_send_message():
 def ref_answer_text():
     b = flatbuffers.Builder(128)
     R = ref("AnswerText")
-    n = _s(b, "answer")
     t = _s(b, " tavern")
+    n = _s(b, "answer")
     R.Start(b)
+    R.AddRequestId(b, 41)
     R.AddAgentId(b, 3)
-    R.AddNodeName(b, n)
     R.AddText(b, t)
     R.AddIsDelta(b, True)
+    R.AddNodeName(b, n)
     return _finish(b, T.MessageBody.AnswerText, R.End(b))
 
 
@@ -125,12 +128,13 @@ def ref_turn_complete():
 def ref_tts_audio():
     b = flatbuffers.Builder(5000)
     R = ref("TtsAudioFrame")
-    n = _s(b, "speak")
     p = b.CreateNumpyVector(PCM_NP)
+    n = _s(b, "speak")
     R.Start(b)
+    R.AddRequestId(b, 41)
     R.AddAgentId(b, 3)
-    R.AddNodeName(b, n)
     R.AddPcm(b, p)
+    R.AddNodeName(b, n)
     R.AddSampleOffset(b, 44100)
     R.AddSentenceIndex(b, 2)
     return _finish(b, T.MessageBody.TtsAudioFrame, R.End(b))
@@ -142,8 +146,8 @@ def ref_transcript():
     t = _s(b, "is the blacksmith still open")
     R.Start(b)
     R.AddVoiceInputId(b, 1)
-    R.AddKind(b, 1)
     R.AddText(b, t)
+    R.AddKind(b, 1)
     R.AddSegmentIndex(b, 0)
     R.AddStartMs(b, 120)
     R.AddEndMs(b, 1880)
@@ -169,7 +173,7 @@ def ours_read_send_message(frame):
 
 def ours_read_answer_text(frame):
     o = c.decode_frame(frame).body
-    return [o.agent_id, o.node_name, o.text, o.is_delta, o.is_final]
+    return [o.request_id, o.agent_id, o.text, o.is_delta, o.is_final, o.node_name]
 
 
 def ours_read_turn_complete(frame):
@@ -179,12 +183,12 @@ def ours_read_turn_complete(frame):
 
 def ours_read_tts_audio(frame):
     o = c.decode_frame(frame).body
-    return [o.agent_id, o.node_name, o.pcm, o.sample_offset, o.sentence_index]
+    return [o.request_id, o.agent_id, o.pcm, o.node_name, o.sample_offset, o.sentence_index]
 
 
 def ours_read_transcript(frame):
     o = c.decode_frame(frame).body
-    return [o.voice_input_id, o.kind, o.text, o.segment_index, o.start_ms, o.end_ms]
+    return [o.voice_input_id, o.text, o.kind, o.segment_index, o.start_ms, o.end_ms]
 
 
 def ours_read_list_models(frame):
@@ -192,7 +196,7 @@ def ours_read_list_models(frame):
     out = [body.request_id]
     for m in body.models:
         caps = m.tts_capabilities
-        out.append((m.name, m.role, m.engine, m.status, m.size_bytes, m.description,
+        out.append((m.name, m.model_type, m.engine, m.status, m.size_bytes, m.description,
                     m.context_size, m.languages, m.dependencies,
                     None if caps is None else (caps.sample_rate, caps.supports_speed,
                                                caps.supports_voice_description,
@@ -225,7 +229,8 @@ def ref_read_send_message(frame):
 
 def ref_read_answer_text(frame):
     o = _ref_body(frame, "AnswerText")
-    return [o.AgentId(), _str(o.NodeName()), _str(o.Text()), o.IsDelta(), o.IsFinal()]
+    return [o.RequestId(), o.AgentId(), _str(o.Text()), o.IsDelta(), o.IsFinal(),
+            _str(o.NodeName())]
 
 
 def ref_read_turn_complete(frame):
@@ -235,13 +240,13 @@ def ref_read_turn_complete(frame):
 
 def ref_read_tts_audio(frame):
     o = _ref_body(frame, "TtsAudioFrame")
-    return [o.AgentId(), _str(o.NodeName()), o.PcmAsNumpy(), o.SampleOffset(),
+    return [o.RequestId(), o.AgentId(), o.PcmAsNumpy(), _str(o.NodeName()), o.SampleOffset(),
             o.SentenceIndex()]
 
 
 def ref_read_transcript(frame):
     o = _ref_body(frame, "WireTranscriptUpdate")
-    return [o.VoiceInputId(), o.Kind(), _str(o.Text()), o.SegmentIndex(), o.StartMs(),
+    return [o.VoiceInputId(), _str(o.Text()), o.Kind(), o.SegmentIndex(), o.StartMs(),
             o.EndMs()]
 
 
@@ -251,7 +256,7 @@ def ref_read_list_models(frame):
     for i in range(o.ModelsLength()):
         m = o.Models(i)
         caps = m.TtsCapabilities()
-        out.append((_str(m.Name()), m.Role(), m.Engine(), m.Status(), m.SizeBytes(),
+        out.append((_str(m.Name()), m.ModelType(), m.Engine(), m.Status(), m.SizeBytes(),
                     _str(m.Description()), m.ContextSize(),
                     [_str(m.Languages(j)) for j in range(m.LanguagesLength())],
                     [_str(m.Dependencies(j)) for j in range(m.DependenciesLength())],
@@ -274,15 +279,16 @@ MIX = {
                                      text="Good evening! Any rooms free tonight?"),
         ref_send_message, ours_read_send_message, ref_read_send_message),
     "AnswerText": (
-        lambda: c.AnswerText(agent_id=3, node_name="answer", text=" tavern", is_delta=True),
+        lambda: c.AnswerText(request_id=41, agent_id=3, node_name="answer", text=" tavern",
+                             is_delta=True),
         ref_answer_text, ours_read_answer_text, ref_read_answer_text),
     "TurnComplete": (
         lambda: c.TurnComplete(request_id=41, agent_id=3, status=c.TurnStatus.Success,
                                tokens_generated=64),
         ref_turn_complete, ours_read_turn_complete, ref_read_turn_complete),
     "TtsAudioFrame": (
-        lambda: c.TtsAudioFrame(agent_id=3, node_name="speak", pcm=PCM, sample_offset=44100,
-                                sentence_index=2),
+        lambda: c.TtsAudioFrame(request_id=41, agent_id=3, node_name="speak", pcm=PCM_BYTES,
+                                sample_offset=44100, sentence_index=2),
         ref_tts_audio, ours_read_tts_audio, ref_read_tts_audio),
     "CreateAgentRequest": (
         create_agent_value, None, ours_read_all, ref_read_all),

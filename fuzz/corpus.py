@@ -50,18 +50,18 @@ def _tools():
         codec.ToolDefinition(
             name="open_door", description="Opens a door the player points at.",
             parameters=[
-                codec.ToolParamDefinition(name="door_id", param_type="integer",
+                codec.ToolParamDefinition(name="door_id", type="integer",
                                           description="Which door", required=True),
-                codec.ToolParamDefinition(name="force", param_type="boolean",
+                codec.ToolParamDefinition(name="force", type="boolean",
                                           description="Kick it open", required=False),
             ]),
         codec.ToolDefinition(
             name="give_item", description="Hands an item to the player.",
             parameters=[
-                codec.ToolParamDefinition(name="item", param_type="string",
+                codec.ToolParamDefinition(name="item", type="string",
                                           description="Item name",
                                           enum_values=["sword", "shield", "potion"]),
-                codec.ToolParamDefinition(name="count", param_type="integer"),
+                codec.ToolParamDefinition(name="count", type="integer"),
             ]),
         codec.ToolDefinition(name="wave", description="Waves at the player. 👋"),
     ]
@@ -70,7 +70,7 @@ def _tools():
 def _graph():
     nodes = [
         codec.NodeDescription(name="guard", params=codec.HumanMessageGuardrailParams(
-            patterns=["(?i)kill", "bomb"], triggered_exit="refuse",
+            inline_strings=["(?i)kill", "bomb"], triggered_exit="refuse",
             not_triggered_exit="tools")),
         codec.NodeDescription(name="tools", params=codec.ToolCallParams(
             input="", model_name="qwen3-4b", context_size=4096,
@@ -83,10 +83,10 @@ def _graph():
         codec.NodeDescription(name="answer", params=codec.GenerateParams(
             model_name="qwen3-4b", context_size=8192, system_prompt="You are Bjørn, a guard.",
             template="{{#knowledge_lore}}{{text}}{{/knowledge_lore}}",
-            placement=codec.PromptPlacement.SystemBeforeUser, send=codec.SendMode.Streamed,
+            placement=codec.Placement.BeforeUserAsSystem, send=codec.SendMode.Streamed,
             sampling=_sampling(), context=_context(), default_exit="speak")),
         codec.NodeDescription(name="refuse", params=codec.CannedResponseParams(
-            selection_strategy=codec.SelectionStrategy.Random,
+            selection_strategy=codec.CannedResponseSelectionStrategy.Random,
             lines=[codec.LocalizableText(text="No.", key="refuse_1", string_table="npc"),
                    codec.LocalizableText(text="Niemals!", key="refuse_2")])),
         codec.NodeDescription(name="speak", params=codec.SpeakParams(
@@ -178,11 +178,13 @@ def snapshot_bytes() -> bytes:
 
 
 def _bodies():
-    pcm = [int(20000 * ((i * 37) % 200 - 100) / 100) for i in range(257)]
+    pcm = struct.pack("<257h", *(int(20000 * ((i * 37) % 200 - 100) / 100)
+                                 for i in range(257)))
     return [
-        ("AnswerText_delta", codec.AnswerText(agent_id=7, node_name="answer",
+        ("AnswerText_delta", codec.AnswerText(request_id=11, agent_id=7, node_name="answer",
                                               text="Hallo, Wanderer! ☀️ ", is_delta=True)),
-        ("AnswerText_final", codec.AnswerText(agent_id=2**64 - 1, node_name="speak",
+        ("AnswerText_final", codec.AnswerText(request_id=2**64 - 1, agent_id=2**64 - 1,
+                                              node_name="speak",
                                               text="Done.", is_delta=False, is_final=True)),
         ("SendMessageRequest", codec.SendMessageRequest(request_id=11, agent_id=7,
                                                         text="Open the gate, 門を開けて")),
@@ -190,10 +192,13 @@ def _bodies():
                                             status=codec.TurnStatus.PauseTimedOut,
                                             debug_info='{"nodes": [1, 2]}',
                                             tokens_generated=321)),
-        ("TtsAudioFrame", codec.TtsAudioFrame(agent_id=7, node_name="speak", pcm=pcm,
-                                              sample_offset=48000, sentence_index=2)),
+        ("TtsAudioFormatFrame", codec.TtsAudioFormatFrame(
+            request_id=11, agent_id=7, node_name="speak", format=codec.WireAudioFormat(
+                sample_rate=22050, channels=1, bits_per_sample=16))),
+        ("TtsAudioFrame", codec.TtsAudioFrame(request_id=11, agent_id=7, node_name="speak",
+                                              pcm=pcm, sample_offset=48000, sentence_index=2)),
         ("TtsVisemeFrame", codec.TtsVisemeFrame(
-            agent_id=7, node_name="speak", sentence_index=2,
+            request_id=11, agent_id=7, node_name="speak", sentence_index=2,
             visemes=[codec.VisemeCue(sample_offset=i * 800, viseme=codec.Viseme(i % 15))
                      for i in range(9)])),
         ("CreateAgentRequest", codec.CreateAgentRequest(
@@ -202,15 +207,16 @@ def _bodies():
             kv_cache_initialization=codec.KvCacheInitialization.Prefill,
             workload=codec.AgentWorkload.Background, voice=_voice())),
         ("ListModelsResponse", codec.ListModelsResponse(request_id=4, models=[
-            codec.ModelInfo(name="qwen3-4b", role=codec.ModelRole.Language,
+            codec.ModelInfo(name="qwen3-4b", model_type=codec.ModelRole.Language,
                             status=codec.ModelStatus(1), size_bytes=2_500_000_000,
+                            huggingface_repo="Qwen/Qwen3-4B",
                             description="Small chat model", context_size=32768,
                             languages=["en", "de", "zh"]),
-            codec.ModelInfo(name="whisper-small", role=codec.ModelRole.Stt,
-                            engine=codec.EngineKind.SherpaOnnx, languages=["en"],
+            codec.ModelInfo(name="whisper-small", model_type=codec.ModelRole.Stt,
+                            engine=codec.InferenceEngine.SherpaOnnx, languages=["en"],
                             dependencies=["silero-vad"]),
-            codec.ModelInfo(name="kokoro-82m", role=codec.ModelRole.Tts,
-                            engine=codec.EngineKind.SherpaOnnx, size_bytes=330_000_000,
+            codec.ModelInfo(name="kokoro-82m", model_type=codec.ModelRole.Tts,
+                            engine=codec.InferenceEngine.SherpaOnnx, size_bytes=330_000_000,
                             tts_capabilities=codec.TtsCapabilitiesInfo(
                                 sample_rate=24000, supports_speed=True,
                                 supports_voice_description=False,
@@ -219,7 +225,8 @@ def _bodies():
         ])),
         ("WireTranscriptUpdate", codec.WireTranscriptUpdate(
             voice_input_id=5, kind=codec.TranscriptUpdateKind.SegmentFinal,
-            text="open the gate please", segment_index=1, start_ms=120, end_ms=1880)),
+            text="open the gate please", audio_ms_consumed=1900, segment_index=1,
+            start_ms=120, end_ms=1880)),
         ("ExportDialogResponse", codec.ExportDialogResponse(request_id=8, agent_id=7,
                                                             snapshot=snapshot_bytes())),
         ("ImportDialogRequest", codec.ImportDialogRequest(
@@ -235,20 +242,25 @@ def _bodies():
                 codec.VariableUpdate(name="name", value=codec.VarString(value="Ἀχιλλεύς")),
                 codec.VariableUpdate(name="hostile", value=codec.VarBool(value=False)),
             ])),
-        ("NodeEvent", codec.NodeEvent(agent_id=7, node_name="tools", event_type="tool_call",
-                                      kv_pairs=[codec.KeyValue(key="tool_name", value="open_door"),
-                                                codec.KeyValue(key="arguments_json",
+        ("NodeEvent", codec.NodeEvent(request_id=11, agent_id=7, node_name="tools",
+                                      event_type="tool_call",
+                                      kv_pairs=[codec.NodeParam(key="tool_name", value="open_door"),
+                                                codec.NodeParam(key="arguments_json",
                                                                value='{"door_id": 3}'),
-                                                codec.KeyValue(key="call_id", value="c00000001"),
-                                                codec.KeyValue(key="disposition",
+                                                codec.NodeParam(key="call_id", value="c00000001"),
+                                                codec.NodeParam(key="disposition",
                                                                value="await_result")])),
         ("ErrorResponse", codec.ErrorResponse(request_id=13, code=3003,
-                                              message="node 'x' is not defined")),
-        ("ConnectionReady", codec.ConnectionReady(protocol_version=29, mode="dev")),
+                                              message="node 'x' is not defined", agent_id=7)),
+        ("Ack", codec.Ack(request_id=2**64 - 2, agent_id=7, warning="delivery mode dropped")),
+        ("ConnectionReady", codec.ConnectionReady(protocol_version=29,
+                                                  codegen_fingerprint="0123456789abcdef",
+                                                  mode="dev")),
         ("CreateSessionRequest", codec.CreateSessionRequest(
-            request_id=1, locale="pt-BR", model_config=codec.ModelConfig(
+            request_id=1, locale="pt-BR", game_name="Bjørn's Saga",
+            model_config=codec.ModelConfig(
                 engines=[codec.EngineHint(role=codec.ModelRole.Tts,
-                                          engine=codec.EngineKind.SherpaOnnx),
+                                          engine=codec.InferenceEngine.SherpaOnnx),
                          codec.EngineHint()],
                 placement_hints=[codec.PlacementHint(model_name="qwen3-4b",
                                                      placement=codec.MemoryPlacement.Vram)]))),
@@ -256,8 +268,16 @@ def _bodies():
             request_id=14, agent_id=7, node_name="answer",
             params=codec.GenerateParams(system_prompt="Be kind.", sampling=_sampling(),
                                         adaptation=_adaptation()))),
-        ("AudioBuffer", codec.AudioBuffer(voice_input_id=5, pcm=[0, 1, -1, 32767, -32768] * 20,
-                                          sample_rate=16000)),
+        ("AudioBuffer", codec.AudioBuffer(voice_input_id=5,
+                                          pcm=struct.pack("<5h", 0, 1, -1, 32767, -32768) * 20)),
+        ("CreateVoiceInputRequest", codec.CreateVoiceInputRequest(
+            request_id=19, model_name="whisper-small", input_format=codec.WireAudioFormat(
+                sample_rate=48000, channels=2, bits_per_sample=16), vad_threshold=0.6,
+            vad_min_silence_ms=700, vad_speech_pad_ms=100,
+            hotwords_storage_path="hotwords/names.txt", hotwords_score=2.0)),
+        ("DownloadProgress", codec.DownloadProgress(
+            request_id=20, model_name="qwen3-4b", bytes_downloaded=1 << 20,
+            total_bytes=1 << 30, percent=0.09765625, current_file="qwen3-4b/model.gguf")),
         ("ResumeAgentRequest", codec.ResumeAgentRequest(
             request_id=15, agent_id=7, resume_node="speak",
             tool_results=[codec.ToolResult(call_id="c00000001", result='{"ok": true}'),

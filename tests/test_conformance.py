@@ -158,8 +158,9 @@ def test_vector_of_ten_tables(codec, ref):
 def test_vector_of_structs(codec, ref):
     cues = [(off, v) for off, v in zip([0, 1, 2**31, 2**32 - 1] * 4, range(15))]
     frame = check_frame(codec, ref, "TtsVisemeFrame",
-                        {"node_name": "n", "visemes": cues, "sentence_index": 4})
-    as_structs = codec.TtsVisemeFrame(node_name="n", visemes=[codec.VisemeCue(*c) for c in cues],
+                        {"request_id": 6, "node_name": "n", "visemes": cues, "sentence_index": 4})
+    as_structs = codec.TtsVisemeFrame(request_id=6, node_name="n",
+                                      visemes=[codec.VisemeCue(*c) for c in cues],
                                       sentence_index=4)
     assert codec.encode(as_structs) == frame
     view = codec.decode_frame(frame).body
@@ -171,7 +172,8 @@ def test_vector_of_structs(codec, ref):
                                   "ä" * 1000])
 def test_non_ascii_strings(codec, ref, text):
     frame = check_frame(codec, ref, "AnswerText",
-                        {"agent_id": 3, "node_name": text, "text": text, "is_delta": True})
+                        {"request_id": 2**64 - 1, "agent_id": 3, "node_name": text, "text": text,
+                         "is_delta": True})
     assert text.encode("utf-8") + b"\x00" in frame
     body = codec.decode_frame(frame).body
     assert (body.text, body.node_name) == (text, text)
@@ -198,7 +200,7 @@ def test_max_size_frame(codec, ref):
     tree = ref.tree_with_payload("TtsAudioFrame", "pcm", MAX,
                                  {"node_name": "speaker", "sample_offset": 7, "sentence_index": 1})
     n = len(tree["pcm"])
-    tree["pcm"] = rng.integers(-2**15, 2**15, n, dtype=np.int16)
+    tree["pcm"] = rng.integers(0, 256, n, dtype=np.uint8)
     official = ref.pack_frame("TtsAudioFrame", tree)
     assert len(official) - 4 == MAX
 
@@ -206,10 +208,10 @@ def test_max_size_frame(codec, ref):
     assert len(ours) - 4 == MAX
     assert ours == official, first_difference(ours, official)
     body = codec.decode_frame(official).body
-    assert np.array_equal(np.frombuffer(body.pcm, dtype=np.int16), tree["pcm"])
+    assert np.array_equal(np.frombuffer(body.pcm, dtype=np.uint8), tree["pcm"])
     assert np.array_equal(ref.official_body(ours).PcmAsNumpy(), tree["pcm"])
 
-    bigger = dict(tree, pcm=np.zeros(n + 1, dtype=np.int16))
+    bigger = dict(tree, pcm=np.zeros(n + 1, dtype=np.uint8))
     assert len(ref.pack_frame("TtsAudioFrame", bigger)) - 4 > MAX
     with pytest.raises(codec.FrameTooLarge) as err:
         codec.encode(codec.TtsAudioFrame(**bigger))
@@ -217,15 +219,16 @@ def test_max_size_frame(codec, ref):
 
 
 def test_large_pcm_is_zero_copy(codec, ref):
+    # int16 samples go into the [ubyte] pcm field as their little-endian bytes
     pcm = np.arange(400_000, dtype=np.int64).astype(np.int16)
-    frame = codec.encode(codec.AudioBuffer(voice_input_id=9, pcm=pcm, sample_rate=48000))
+    frame = codec.encode(codec.AudioBuffer(voice_input_id=9, pcm=pcm))
     official = ref.pack_frame("AudioBuffer",
-                              {"voice_input_id": 9, "pcm": pcm, "sample_rate": 48000})
+                              {"voice_input_id": 9, "pcm": pcm.astype("<i2").view(np.uint8)})
     assert frame == official, first_difference(frame, official)
 
     view = codec.decode_frame(frame).body.pcm
-    assert isinstance(view, memoryview) and view.format == "h" and view.readonly
-    samples = np.frombuffer(view, dtype=np.int16)
+    assert isinstance(view, memoryview) and view.format == "B" and view.readonly
+    samples = np.frombuffer(view, dtype="<i2")
     raw = np.frombuffer(frame, dtype=np.uint8)
     start = samples.__array_interface__["data"][0] - raw.__array_interface__["data"][0]
     assert 0 < start and start + samples.nbytes <= len(frame), "pcm must point into the frame"
@@ -245,19 +248,38 @@ def test_size_prefixed_root_with_identifier(codec, ref):
 # ---------------------------------------------------------------------------
 # values given in other forms, and decoded views given back to the encoder
 
-PCM = [-32768, -1, 0, 1, 32767, 1234]
+SAMPLES = [-32768, -1, 0, 1, 32767, 1234]
+PCM = array.array("h", SAMPLES).tobytes()         # int16 little-endian, as on the wire
 PCM_FORMS = {
-    "list": PCM, "tuple": tuple(PCM), "array": array.array("h", PCM),
-    "numpy": np.array(PCM, dtype=np.int16), "memoryview": memoryview(array.array("h", PCM)),
+    "bytes": PCM, "bytearray": bytearray(PCM), "list": list(PCM), "tuple": tuple(PCM),
+    "numpy_u8": np.frombuffer(PCM, dtype=np.uint8), "memoryview": memoryview(PCM),
+    # samples as the game holds them: their bytes as they lie in memory
+    "array_h": array.array("h", SAMPLES), "numpy_i16": np.array(SAMPLES, dtype=np.int16),
+    "memoryview_h": memoryview(array.array("h", SAMPLES)),
 }   # strided numpy views: see test_encode_errors.py::test_pcm_non_contiguous_array
 
 
 @pytest.mark.parametrize("form", PCM_FORMS.values(), ids=PCM_FORMS.keys())
 def test_pcm_accepted_forms(codec, ref, form):
-    official = ref.pack_frame("AudioBuffer", {"voice_input_id": 1, "pcm": form})
+    official = ref.pack_frame("AudioBuffer", {"voice_input_id": 1, "pcm": PCM})
     ours = codec.encode(codec.AudioBuffer(voice_input_id=1, pcm=form))
     assert ours == official, first_difference(ours, official)
-    assert list(codec.decode_frame(ours).body.pcm) == PCM
+    assert bytes(codec.decode_frame(ours).body.pcm) == PCM
+    assert array.array("h", bytes(codec.decode_frame(ours).body.pcm)).tolist() == SAMPLES
+
+
+@pytest.mark.parametrize("tree", [{"temperature": 0.0, "top_k": 0, "seed": 0},
+                                  {"max_tokens": -5, "repeat_penalty": 1.0},
+                                  {"presence_penalty": float("inf")}, {}])
+def test_optional_scalars(codec, ref, tree):
+    """`= null` fields: a set value is written even when it is 0; absent reads None."""
+    check_root(codec, ref, "SamplingOverrides", tree)
+    view = codec.decode_root(codec.SamplingOverrides,
+                             codec.encode_root(codec.SamplingOverrides(**tree)))
+    for f in live_fields(ref.decl("SamplingOverrides")):
+        if f.name == "stop":
+            continue
+        assert getattr(view, f.name) == tree.get(f.name), f.name
 
 
 @pytest.mark.parametrize("member", BODY_MEMBERS)

@@ -79,7 +79,8 @@ def test_split_at_every_byte_boundary():
 
 
 def test_split_at_every_pair_of_boundaries():
-    payloads = [SEEDS[1], SEEDS[14], SEEDS[13]]
+    named = dict(corpus.named_seeds())
+    payloads = [named["AnswerText_final"], named["ConnectionReady"], named["ErrorResponse"]]
     stream = b"".join(frame(p) for p in payloads)
     n = len(stream)
     assert n < 300  # keeps the O(n^2) loop small

@@ -30,7 +30,8 @@ def test_generated_module_matches_schema():
 
 @pytest.mark.parametrize("body, message", [
     ("table T { a: int (id: 0); }", "id/required/key"),
-    ("table T { a: int = null; }", "optional scalars"),
+    ("table T { s: string = null; }", "only scalars and enums can be optional"),
+    ("struct S { a: int = null; }", "struct fields cannot be optional"),
     ("table T { s: string (required); }", "id/required/key"),
     ("table U {} union X { U } table T { v: [X]; }", "vectors of unions"),
     ("table T { v: [[int]]; }", "vectors of vectors"),

@@ -130,12 +130,12 @@ def elem(b, vec, i):
 # test_voffsets_match_schema cross-checks every entry against schema/*.fbs.
 VOFF = {
     ("Message", "body_type"): 4, ("Message", "body"): 6,
-    ("AnswerText", "agent_id"): 4, ("AnswerText", "text"): 8,
+    ("AnswerText", "request_id"): 4, ("AnswerText", "text"): 8,
     ("CreateAgentRequest", "graph"): 6, ("CreateAgentRequest", "variables"): 14,
     ("CreateAgentRequest", "voice"): 20,
     ("GraphDescription", "nodes"): 4,
     ("NodeDescription", "params_type"): 6, ("NodeDescription", "params"): 8,
-    ("ToolCallParams", "tools"): 12, ("ToolCallParams", "sampling"): 26,
+    ("ToolCallParams", "tools"): 10, ("ToolCallParams", "sampling"): 16,
     ("ToolDefinition", "parameters"): 8,
     ("ToolParamDefinition", "enum_values"): 12,
     ("AgentVariable", "value_type"): 6, ("AgentVariable", "value"): 8,
@@ -143,14 +143,14 @@ VOFF = {
     ("VariableUpdate", "value_type"): 8, ("VariableUpdate", "value"): 10,
     ("ChangeAgentParamRequest", "params_type"): 10,
     ("ListModelsResponse", "models"): 6,
-    ("ModelInfo", "languages"): 18,
+    ("ModelInfo", "languages"): 12,
     ("ExportDialogResponse", "snapshot"): 8,
     ("PersistedDialogSnapshot", "graph_fingerprint"): 6,
     ("PersistedDialogSnapshot", "interactions"): 14,
     ("PersistedInteraction", "components"): 12,
     ("PersistedComponent", "body_type"): 16, ("PersistedComponent", "body"): 18,
     ("TtsAudioFrame", "pcm"): 8,
-    ("TtsVisemeFrame", "visemes"): 8,
+    ("TtsVisemeFrame", "visemes"): 10,
     ("CreateStringStorageRequest", "strings"): 10,
 }
 
@@ -209,16 +209,16 @@ class Raw:
 
 
 def answer_text_layout(text: bytes = b"hello", tag: int = 8):
-    """A hand-built Message{body: AnswerText{agent_id: 7, text}}.
+    """A hand-built Message{body: AnswerText{request_id: 7, text}}.
 
       pos  bytes  content
         0      4  root uoffset = 12 -> Message table M
         4      8  Message vtable: vtsize 8 | tsize 12 | body_type @+4 | body @+8
        12     12  M: soffset 8 (-> 4) | u8 tag | 3 pad | u32 uoffset -> A
-       24     10  AnswerText vtable: vtsize 10 | tsize 16 | agent_id @+4 |
-                  node_name absent | text @+12
+       24     10  AnswerText vtable: vtsize 10 | tsize 16 | request_id @+4 |
+                  agent_id absent | text @+12
        34      2  pad
-       36     16  A: soffset 12 (-> 24) | u64 agent_id | u32 uoffset -> S
+       36     16  A: soffset 12 (-> 24) | u64 request_id | u32 uoffset -> S
        52  4+n+1  S: u32 n | text | 0
     """
     r = Raw()
@@ -259,8 +259,8 @@ def test_voffsets_match_schema():
 def test_hand_layout_decodes():
     msg = codec.decode(bytes(answer_text_layout(b"hello")))
     assert msg.body_type == codec.MessageBody.AnswerText
-    assert msg.body.to_dict() == {"agent_id": 7, "node_name": "", "text": "hello",
-                                  "is_delta": False, "is_final": False}
+    assert msg.body.to_dict() == {"request_id": 7, "agent_id": 0, "text": "hello",
+                                  "is_delta": False, "is_final": False, "node_name": ""}
 
 
 def test_seeds_decode_and_round_trip():
@@ -362,7 +362,7 @@ def test_bad_table_size(tsize):
     (AT_MSG_VT + 4, 12), (AT_MSG_VT + 4, 0xFFFF),  # 1-byte tag at/after the table end
     (AT_MSG_VT + 6, 2), (AT_MSG_VT + 6, 9),        # 4-byte uoffset crossing the end
     (AT_MSG_VT + 6, 12), (AT_MSG_VT + 6, 0xFFFF),
-    (AT_VT + 4, 9), (AT_VT + 4, 12),               # u64 agent_id crossing tsize 16
+    (AT_VT + 4, 9), (AT_VT + 4, 12),               # u64 request_id crossing tsize 16
     (AT_VT + 8, 13), (AT_VT + 8, 16),              # text uoffset crossing tsize 16
 ])
 def test_field_offset_outside_its_table(slot_pos, fo):
@@ -477,7 +477,7 @@ def _snapshot_vec(p):
 
 
 @pytest.mark.parametrize("seed, find, elemsize", [
-    ("TtsAudioFrame", _pcm_vec, 2),            # [short]
+    ("TtsAudioFrame", _pcm_vec, 1),            # [ubyte] PCM
     ("TtsVisemeFrame", _visemes_vec, 8),       # [VisemeCue] (struct)
     ("CreateStringStorageRequest", _strings_vec, 4),
     ("ListModelsResponse", _models_vec, 4),    # [ModelInfo]
@@ -734,7 +734,7 @@ def _dag(k1, k2, k3, k4=0):
     n = r.table(nvt, struct.pack("<B3xI", int(codec.NodeParams.ToolCallParams), 0))
     for i in range(k1):
         r.link(nodes + 4 + 4 * i, n)
-    pvt = r.vtable(8, 0, 0, 0, 0, 4)                # ToolCallParams: tools @+4
+    pvt = r.vtable(8, 0, 0, 0, 4)                   # ToolCallParams: tools @+4
     pt = r.table(pvt, bytes(4))
     r.link(n + 8, pt)
     tools = r.offsets_vector(k2)

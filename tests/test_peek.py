@@ -18,9 +18,16 @@ def test_request_id_of_valid_requests_and_replies():
 
 
 def test_tables_without_request_id_give_zero():
-    # AnswerText's field 0 is agent_id: it must not be mistaken for a request id
-    assert codec.peek_request_id(payload(codec.AnswerText(agent_id=55, text="x"))) == 0
+    # AudioBuffer's field 0 is voice_input_id: it must not be mistaken for a request id
+    assert codec.peek_request_id(payload(codec.AudioBuffer(voice_input_id=55))) == 0
     assert codec.peek_request_id(payload(codec.SetInferenceThrottle(throttle=0.5))) == 0
+    assert codec.peek_request_id(payload(codec.WireTranscriptUpdate(voice_input_id=5))) == 0
+
+
+def test_request_id_is_64_bit():
+    rid = 2**64 - 3
+    assert codec.peek_request_id(payload(codec.ListModelsRequest(request_id=rid))) == rid
+    assert codec.peek_request_id(payload(codec.AnswerText(request_id=rid, agent_id=1))) == rid
 
 
 def test_request_id_survives_damage_elsewhere():
@@ -44,16 +51,17 @@ def test_answer_text_fast_path_is_byte_identical():
     from hypothesis import given, settings, strategies as st
 
     @settings(max_examples=300, deadline=None)
-    @given(st.integers(0, 2**64 - 1), st.text(max_size=40), st.text(max_size=300),
-           st.booleans(), st.booleans())
-    def check(agent_id, node, text, delta, final):
-        slow = codec.encode(codec.AnswerText(agent_id=agent_id, node_name=node, text=text,
-                                             is_delta=delta, is_final=final))
-        assert codec.encode_answer_text(agent_id, node, text, delta, final) == slow
+    @given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.text(max_size=40),
+           st.text(max_size=300), st.booleans(), st.booleans())
+    def check(request_id, agent_id, node, text, delta, final):
+        slow = codec.encode(codec.AnswerText(request_id=request_id, agent_id=agent_id,
+                                             node_name=node, text=text, is_delta=delta,
+                                             is_final=final))
+        assert codec.encode_answer_text(request_id, agent_id, node, text, delta, final) == slow
 
     check()
     with pytest.raises(codec.FrameTooLarge):
-        codec.encode_answer_text(1, "n", "x" * (1 << 20), True, False)
+        codec.encode_answer_text(1, 1, "n", "x" * (1 << 20), True, False)
 
 
 def test_structural_fields_come_from_the_schema():

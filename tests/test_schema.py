@@ -69,10 +69,8 @@ SEED_ENUMS = {
     "StringStorageKind": {"List": 0, "Map": 1, "Multimap": 2},
 }
 
-# CONVENTIONS.md: the only messages without request_id.
-NO_REQUEST_ID = {"ConnectionReady", "AnswerText", "NodeEvent", "AudioBuffer",
-                 "SetInferenceThrottle", "WireTranscriptUpdate", "TtsAudioFormatFrame",
-                 "TtsAudioFrame", "TtsVisemeFrame"}
+# docs/protocol.md "Wire layout": the only messages without request_id.
+NO_REQUEST_ID = {"ConnectionReady", "AudioBuffer", "SetInferenceThrottle", "WireTranscriptUpdate"}
 REQUEST_REPLY = [t.name for t in SCHEMA.of(Table) if t.name.endswith(("Request", "Response"))]
 
 
@@ -158,7 +156,7 @@ def test_set_inference_throttle(codec, ref):
 
 def test_resume_agent_request(codec, ref):
     assert [(n, t) for n, t, _ in fields("ResumeAgentRequest")] == [
-        ("request_id", "uint"), ("agent_id", "ulong"), ("resume_node", "string"),
+        ("request_id", "ulong"), ("agent_id", "ulong"), ("resume_node", "string"),
         ("tool_results", "[ToolResult]")]
     assert [(n, t) for n, t, _ in fields("ToolResult")] == [
         ("call_id", "string"), ("result", "string")]
@@ -179,12 +177,12 @@ def test_seed_enum_numbering(codec, ref, enum):
 
 @pytest.mark.parametrize("name", REQUEST_REPLY)
 def test_request_id_is_field_0(codec, ref, name):
-    assert fields(name)[0] == ("request_id", "uint", 0)
+    assert fields(name)[0] == ("request_id", "ulong", 0)
     assert getattr(codec, name).FIELDS[0] == "request_id"
-    buf = ref.pack_root(name, {"request_id": 0xA5A5A5A5})
+    buf = ref.pack_root(name, {"request_id": 0xA5A5A5A5_5A5A5A5A})
     root, slots = official_vtable(buf)
     assert list(slots) == [4], "flatc must place request_id in vtable slot 0"
-    assert struct.unpack_from("<I", buf, root + slots[4])[0] == 0xA5A5A5A5
+    assert struct.unpack_from("<Q", buf, root + slots[4])[0] == 0xA5A5A5A5_5A5A5A5A
     assert vars(ref.T(name)())[camel("request_id")] == 0
 
 

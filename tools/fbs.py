@@ -68,6 +68,7 @@ class Field:
     doc: str = ""
     slot: int = 0              # vtable slot (union value slot for unions)
     line: int = 0
+    optional: bool = False     # `= null`: absent reads as None, any set value is written
 
     @property
     def deprecated(self):
@@ -334,8 +335,6 @@ def parse(main_path: str) -> Schema:
                         kind, default, _ = p.next()
                         if kind == "string":
                             raise p.error(fline, f"{name}.{fname}: string defaults are not supported")
-                        if default == "null":
-                            raise p.error(fline, f"{name}.{fname}: optional scalars (= null) are not allowed")
                     fattrs = p.attrs()
                     if "id" in fattrs or "required" in fattrs or "key" in fattrs:
                         raise p.error(fline, f"{name}.{fname}: id/required/key attributes are not allowed")
@@ -343,7 +342,9 @@ def parse(main_path: str) -> Schema:
                         if a not in attributes:
                             raise p.error(fline, f"{name}.{fname}: undeclared attribute {a!r}")
                     p.expect(";")
-                    fields.append(Field(fname, ftype, default, fattrs, fdoc, line=fline))
+                    optional = default == "null"
+                    fields.append(Field(fname, ftype, None if optional else default, fattrs, fdoc,
+                                        line=fline, optional=optional))
                 p.expect("}")
                 p.take_doc()
                 cls = Table if word == "table" else Struct
@@ -391,6 +392,10 @@ def _resolve_type(schema, t: Type, where: str) -> Type:
 
 def _parse_default(f: Field, where):
     t = f.type
+    if f.optional:
+        if t.kind not in ("scalar", "enum"):
+            raise SchemaError(f"{where}: only scalars and enums can be optional (= null)")
+        return None
     if t.kind not in ("scalar", "enum"):
         if f.default is not None:
             raise SchemaError(f"{where}: only scalars and enums take defaults")
@@ -445,6 +450,8 @@ def _resolve(schema: Schema):
                     raise SchemaError(f"{where}: duplicate field")
                 names.add(f.name)
                 _resolve_type(schema, f.type, where)
+                if f.optional and isinstance(decl, Struct):
+                    raise SchemaError(f"{where}: struct fields cannot be optional (= null)")
                 f.default = _parse_default(f, where)
                 if isinstance(decl, Struct) and f.type.kind not in ("scalar", "enum", "struct"):
                     raise SchemaError(f"{where}: struct fields must be scalars, enums or structs")

@@ -11,6 +11,7 @@ The hand-written primitives these call live in reader.pxi / builder.pxi.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import keyword
 import os
 import sys
@@ -133,7 +134,7 @@ class Gen:
     def check_names(self):
         bad = {"object", "property", "include", "cdef", "cpdef", "ctypedef", "struct",
                "union", "enum", "extern", "inline", "api", "public", "readonly", "gil",
-               "nogil", "new", "operator", "namespace", "self", "cls", "type", "bytes",
+               "nogil", "new", "operator", "namespace", "self", "cls", "bytes",
                "len", "init", "frame"}
         for t in self.tables + self.structs:
             for f in t.fields:
@@ -350,7 +351,20 @@ class Gen:
         o(f"def {f.name}(self):", 1)
         o(doc(fdoc, ""), 2)
         o("cdef Py_ssize_t p", 2)
-        if k in ("scalar", "enum"):
+        if k in ("scalar", "enum") and f.optional:
+            # `= null`: absent is None, distinct from every value (flatc's optional scalars)
+            sc = canon(f.type.scalar)
+            o("if self._src is None:", 2)
+            o(f"return self._v_{f.name}", 3)
+            o(f"p = _tfield(self, {f.voffset}, {SCALARS[sc][0]})", 2)
+            o("if p == 0:", 2)
+            o("return None", 3)
+            if k == "enum":
+                o(f"v = {read_expr(sc, 'p')}", 2)
+                o(f"return _EV_{f.type.decl.name}.get(v, v)", 2)
+            else:
+                o(f"return {read_expr(sc, 'p')}", 2)
+        elif k in ("scalar", "enum"):
             sc = canon(f.type.scalar)
             dflt = pylit(f.default)
             if k == "enum":
@@ -577,7 +591,10 @@ class Gen:
                 _, _, add, _ = C[sc]
                 o(f"x = t._v_{f.name}", 1)
                 o("if x is not None:", 1)
-                o(f"b.{add}({f.slot}, {conv_expr(sc, 'x', where)}, {default_c(sc, f.default)})", 2)
+                if f.optional:      # a set optional scalar is written even when it is 0
+                    o(f"b.{add.replace('add_', 'set_')}({f.slot}, {conv_expr(sc, 'x', where)})", 2)
+                else:
+                    o(f"b.{add}({f.slot}, {conv_expr(sc, 'x', where)}, {default_c(sc, f.default)})", 2)
             elif k == "union":
                 o(f"b.add_u8({f.slot - 1}, tag_{f.name}, 0)", 1)
                 o(f"if o_{f.name}:", 1)
@@ -653,7 +670,17 @@ class Gen:
         o("ENUMS = (" + "".join(f"{e.name}, " for e in self.enums) + ")")
         o("UNIONS = (" + "".join(f"{u.name}, " for u in self.unions) + ")")
         o(f"GENERATED_NAMES = {tuple(names)!r}")
+        # ConnectionReady.codegen_fingerprint: which schema this build speaks
+        o(f"SCHEMA_FINGERPRINT = {self.fingerprint()!r}")
         return o.text()
+
+    def fingerprint(self):
+        """sha256 (first 16 hex digits) of the schema files' bytes, in include order."""
+        h = hashlib.sha256()
+        for path in self.s.files:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        return h.hexdigest()[:16]
 
     def stub(self):
         """A .pyi so editors and mypy see the generated API."""
@@ -663,6 +690,7 @@ class Gen:
         o("from typing import Any, Optional, Sequence")
         o()
         o("MAX_FRAME: int")
+        o("SCHEMA_FINGERPRINT: str")
         o("class CodecError(ValueError):\n    code: int")
         for name in ("MalformedMessage", "UnknownMessageType", "FrameTooLarge", "FramingError"):
             o(f"class {name}(CodecError): ...")
@@ -678,8 +706,8 @@ class Gen:
         o("def decode_root(cls: type, data: Any) -> Any: ...")
         o("def peek_body_type(payload: Any) -> int: ...")
         o("def peek_request_id(payload: Any) -> int: ...")
-        o("def encode_answer_text(agent_id: int, node_name: str, text: str, is_delta: bool,"
-          " is_final: bool) -> bytes: ...")
+        o("def encode_answer_text(request_id: int, agent_id: int, node_name: str, text: str,"
+          " is_delta: bool, is_final: bool) -> bytes: ...")
         o()
         for e in self.enums + self.unions:
             o(f"class {e.name}(IntEnum):")
@@ -699,7 +727,7 @@ class Gen:
             fields = self.live(t)
             o(f"class {t.name}(Table):")
             for f in fields:
-                o(f"{f.name}: {self.pytype(f.type)}", 1)
+                o(f"{f.name}: {self.pytype(f.type, f.optional)}", 1)
                 if f.type.kind == "union":
                     o(f"{f.name}_type: {f.type.decl.name}", 1)
             if fields:
@@ -708,7 +736,9 @@ class Gen:
                 o("def __init__(self) -> None: ...", 1)
         return o.text()
 
-    def pytype(self, t):
+    def pytype(self, t, optional=False):
+        if optional:
+            return f"Optional[{self.pytype(t)}]"
         k = t.kind
         if k == "scalar":
             return PY_TYPE.get(canon(t.name), "int")

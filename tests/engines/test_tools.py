@@ -15,13 +15,13 @@ SMOL = "SmolLM2-135M-Instruct"
 
 TOOLS = [
     {"name": "get_weather", "description": "Get the current weather for a city.",
-     "parameters": [{"name": "city", "param_type": "string", "description": "City name"}]},
+     "parameters": [{"name": "city", "type": "string", "description": "City name"}]},
     {"name": "set_mood", "description": "Change the character's mood.",
-     "parameters": [{"name": "mood", "param_type": "string", "enum_values": ["happy", "sad"]},
-                    {"name": "level", "param_type": "integer", "required": False}]},
+     "parameters": [{"name": "mood", "type": "string", "enum_values": ["happy", "sad"]},
+                    {"name": "level", "type": "integer", "required": False}]},
     {"name": "give_item", "description": "Give the player an item.",
-     "parameters": [{"name": "item", "param_type": "string"},
-                    {"name": "count", "param_type": "integer", "enum_values": ["1", "2", "3"]}]},
+     "parameters": [{"name": "item", "type": "string"},
+                    {"name": "count", "type": "integer", "enum_values": ["1", "2", "3"]}]},
 ]
 
 
@@ -53,7 +53,7 @@ def test_invalid_definitions_raise():
     with pytest.raises(ValueError, match="duplicate"):
         ToolSet([TOOLS[0], TOOLS[0]])
     with pytest.raises(ValueError, match="type"):
-        ToolSet([{"name": "f", "parameters": [{"name": "x", "param_type": "date"}]}])
+        ToolSet([{"name": "f", "parameters": [{"name": "x", "type": "date"}]}])
     with pytest.raises(ValueError, match="at least one"):
         ToolSet([])
 

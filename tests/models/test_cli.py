@@ -47,7 +47,7 @@ def test_list_packaged_catalog(tmp_path, capsys):
     assert main(["models", "list", "--models-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["NAME", "ROLE", "ENGINE", "STATUS", "SIZE"]
-    assert "SmolLM2-135M-Instruct  llm" in out and "NotDownloaded" in out
+    assert "SmolLM2-135M-Instruct  llm" in out and "Absent" in out
     assert "98.4 MB" in out and str(tmp_path) in out
 
 

@@ -46,7 +46,7 @@ def test_http_fetch_verifies_renames_and_records(tmp_path, http_server):
         assert not final.exists()
         calls.append((done, total, current))
 
-    assert store.status("vad") == ModelStatus.NotDownloaded
+    assert store.status("vad") == ModelStatus.Absent
     assert store.fetch("vad", progress) == final
     assert final.read_bytes() == DATA
     assert not (store.root / "vad" / "m.bin.part").exists()
@@ -127,7 +127,7 @@ def test_lying_server_gives_6001_and_leaves_nothing(tmp_path, http_server):
     assert err.model == "vad" and err.file == "m.bin"
     assert f"expected {sha256(DATA)}, got {sha256(lie)}" in str(err)
     assert os.listdir(store.root / "vad") == []
-    assert store.status("vad") == ModelStatus.NotDownloaded
+    assert store.status("vad") == ModelStatus.Absent
     assert "vad" not in json.loads((store.root / "downloads.json").read_text()
                                    if (store.root / "downloads.json").exists()
                                    else '{"models": {}}')["models"]
@@ -261,7 +261,7 @@ def test_lock_file_held_elsewhere_is_6004(tmp_path, http_server):
         assert store.status("vad") == ModelStatus.Downloading
         err = error_of(lambda: store.fetch("vad"))
         assert err.code == Code.DownloadAlreadyActive and "another process" in str(err)
-    assert store.status("vad") == ModelStatus.NotDownloaded
+    assert store.status("vad") == ModelStatus.Absent
     store.fetch("vad")
 
 
@@ -306,7 +306,7 @@ def test_status_delete_and_record(tmp_path, http_server):
     store.fetch("stt")
     assert store.status("stt") == ModelStatus.Downloaded
     assert store.delete("stt") is True
-    assert store.status("stt") == ModelStatus.NotDownloaded
+    assert store.status("stt") == ModelStatus.Absent
     assert store.status("vad") == ModelStatus.Downloaded     # dependencies stay
     record = json.loads((store.root / "downloads.json").read_text())
     assert list(record["models"]) == ["vad"]

@@ -238,7 +238,7 @@ def test_model_not_on_disk_is_6007_and_never_downloads(tmp_path):
     with pytest.raises(ModelManagerError) as ei:
         mgr.load(SMOL)
     e = ei.value
-    assert e.code == 6007 and "download it first" in e.message and "NotDownloaded" in e.message
+    assert e.code == 6007 and "download it first" in e.message and "Absent" in e.message
     assert list(tmp_path.iterdir()) == []         # nothing fetched or created
 
 

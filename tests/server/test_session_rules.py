@@ -49,7 +49,17 @@ def test_connection_ready_comes_first(server):
     assert isinstance(ready, codec.ConnectionReady)
     assert ready.protocol_version == PROTOCOL_VERSION == 29
     assert ready.mode == "dev"
+    # which schema this build speaks: 16 hex digits of the schema files' sha256
+    assert ready.codegen_fingerprint == codec.SCHEMA_FINGERPRINT
+    assert len(ready.codegen_fingerprint) == 16 and int(ready.codegen_fingerprint, 16) >= 0
     w.close()
+
+
+def test_game_name_is_kept_for_the_logs(server):
+    with Wire(server.address) as w:
+        reply = w.request(codec.CreateSessionRequest(request_id=1, game_name="Oakvale ✓"))
+        assert isinstance(reply, codec.CreateSessionResponse)
+        assert server.sessions[reply.session_id].game_name == "Oakvale ✓"
 
 
 def test_release_mode_is_announced(tmp_path):
@@ -135,13 +145,15 @@ def test_out_of_range_engine_enums_get_2005(wire, config, field):
 
 def test_engine_and_placement_hints_are_stored(server, wire):
     config = codec.ModelConfig(
-        engines=[codec.EngineHint(role=codec.ModelRole.Language, engine=codec.EngineKind.LlamaCpp),
-                 codec.EngineHint(role=codec.ModelRole.Tts, engine=codec.EngineKind.SherpaOnnx)],
+        engines=[codec.EngineHint(role=codec.ModelRole.Language,
+                                  engine=codec.InferenceEngine.LlamaCpp),
+                 codec.EngineHint(role=codec.ModelRole.Tts,
+                                  engine=codec.InferenceEngine.SherpaOnnx)],
         placement_hints=[codec.PlacementHint(model_name="SmolLM2-135M-Instruct",
                                              placement=codec.MemoryPlacement.Ram)])
     sid = wire.create_session(model_config=config)
     s = server.sessions[sid]
-    assert s.engine_hints == ((0, 0), (3, 1))
+    assert s.engine_hints == ((0, 1), (3, 6))
     assert s.placement_hints == {"SmolLM2-135M-Instruct": 1}
     # the hint's one effect: the llama.cpp backend is initialised now, not at the first load
     from tryll_fast.engines.llama import model

@@ -45,6 +45,53 @@ def test_graph_builder():
         GraphDescription().add_node("x", codec.AnswerText())
 
 
+def test_the_tool_call_reference_example_runs_as_written(client):
+    """The ToolCall reference's Python example, as written, with our module names and the
+    model swapped for the one this machine has."""
+    from tryll_fast.client.graph import (
+        GraphDescription, ToolCallParams, GenerateParams,
+        ToolDefinition, ToolParamDefinition,
+    )
+    from tryll_fast.client.graph import ToolCallDisposition
+
+    tools = [
+        ToolDefinition(
+            name="get_weather",
+            description="Get the current weather for a city.",
+            parameters=[
+                ToolParamDefinition(name="city", type="string",
+                                    description="City name"),
+            ],
+        ),
+    ]
+
+    graph = (
+        GraphDescription()
+        .add_node("detect", ToolCallParams(
+            tools=tools,
+            disposition=ToolCallDisposition.NotifyAndAcknowledge,
+            tool_called_exit="",    # empty = END (client handles the tool)
+            no_tool_called_exit="answer",
+        ))
+        .add_node("answer", GenerateParams(
+            default_exit="",   # empty = END
+        ))
+        .set_start_node("detect")
+        .set_default_model_name(SMOL)
+    )
+
+    agent = client.create_agent(graph)
+    wire_tool = graph.to_wire().nodes[0].params.tools[0]
+    assert (wire_tool.parameters[0].name, wire_tool.parameters[0].type) == ("city", "string")
+    calls = []
+    agent.set_on_tool_call(lambda name, args: calls.append((name, json.loads(args))))
+    result = agent.send("What is the weather in Paris?").result()
+    assert result.ok
+    # either the model called the tool (an event, no text) or it answered in text
+    assert calls == [] or calls[0][0] == "get_weather"
+    assert bool(calls) != bool(result.texts.get("answer"))
+
+
 def test_send_streams_then_results(client):
     agent = client.create_agent(baker(), variables={"mood": "calm", "gold": 3, "open": True,
                                                     "tags": {"a"}, "trust": 0.5})
@@ -139,7 +186,7 @@ def test_async_agents(server):
 
 DOOR = codec.ToolDefinition(name="open_door", description="Open a door of the house.",
                             parameters=[codec.ToolParamDefinition(
-                                name="door", param_type="string", enum_values=["front"])])
+                                name="door", type="string", enum_values=["front"])])
 
 
 def door_keeper(disposition):

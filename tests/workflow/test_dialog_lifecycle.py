@@ -192,7 +192,7 @@ def test_export_import_continues_the_conversation_identically(w):
 def test_tool_calls_survive_export_and_import(w):
     tools = [codec.ToolDefinition(name="open_door", description="Open a door.",
                                   parameters=[codec.ToolParamDefinition(
-                                      name="door", param_type="string",
+                                      name="door", type="string",
                                       enum_values=["front"])])]
     g = graph(node("detect", codec.ToolCallParams(
         system_prompt="You are Brenna, a baker. You can act with tools.", tools=tools,

@@ -28,7 +28,7 @@ def test_every_node_params_member_has_a_node_type():
      "'b' is not a node"),
     (graph(node("a", canned("x", default_exit="ghost"))),
      "node 'a': exit default_exit names 'ghost'"),
-    (graph(node("g", codec.HumanMessageGuardrailParams(patterns=["x"], triggered_exit="a",
+    (graph(node("g", codec.HumanMessageGuardrailParams(inline_strings=["x"], triggered_exit="a",
                                                        not_triggered_exit="nowhere")),
            node("a", canned("x"))), "exit not_triggered_exit names 'nowhere'"),
     (graph(node("a", None)), "params are missing"),
@@ -60,7 +60,7 @@ def test_missing_graph(w):
     (gen(template="{{#open}} never closed"), SMOL, "template: Mustache syntax error"),
     (gen(input="nobody"), SMOL, "input 'nobody' is neither"),
     (gen(send=7), SMOL, "send 7 is not a SendMode"),
-    (gen(placement=9), SMOL, "placement 9 is not a PromptPlacement"),
+    (gen(placement=9), SMOL, "placement 9 is not a Placement (0..5)"),
 ])
 def test_generate_params(w, params, default_model, words):
     err = create_error(w, graph(node("answer", params)), G, default_model=default_model)
@@ -68,12 +68,12 @@ def test_generate_params(w, params, default_model, words):
 
 
 def test_other_node_params(w):
-    bad_regex = codec.HumanMessageGuardrailParams(patterns=["ok", "(unclosed"])
+    bad_regex = codec.HumanMessageGuardrailParams(inline_strings=["ok", "(unclosed"])
     err = create_error(w, graph(node("g", bad_regex)), G)
-    assert "node 'g'" in err.message and "patterns[1] '(unclosed' is not a valid regex" in \
+    assert "node 'g'" in err.message and "inline_strings[1] '(unclosed' is not a valid regex" in \
         err.message
-    err = create_error(w, graph(node("i", codec.InstructionParams(text="{{/x}}"))), G)
-    assert "node 'i'" in err.message and "text: Mustache syntax error" in err.message
+    err = create_error(w, graph(node("i", codec.InstructionParams(instruction="{{/x}}"))), G)
+    assert "node 'i'" in err.message and "instruction: Mustache syntax error" in err.message
     err = create_error(w, graph(node("c", canned("x", selection_strategy=5))), G)
     assert "selection_strategy 5" in err.message
 

@@ -20,11 +20,11 @@ Mode = codec.ToolCallMode
 TOOLS = [
     codec.ToolDefinition(name="open_door", description="Open a door of the house.",
                          parameters=[codec.ToolParamDefinition(
-                             name="door", param_type="string", description="which door",
+                             name="door", type="string", description="which door",
                              enum_values=["front", "back"])]),
     codec.ToolDefinition(name="give_item", description="Give the player an item.",
                          parameters=[codec.ToolParamDefinition(name="item",
-                                                               param_type="string")]),
+                                                               type="string")]),
 ]
 CALL = "Please open the front door."          # RequireCall: always a call
 NO_CALL = "Hello! How are you today?"         # CallOrAnswer: SmolLM2 answers in prose
@@ -343,7 +343,7 @@ def test_tool_call_params_are_checked(w):
         (codec.ToolCallParams(tools=[codec.ToolDefinition(name="")]), "tools:"),
         (codec.ToolCallParams(tools=[TOOLS[0], TOOLS[0]]), "tools:"),
         (codec.ToolCallParams(tools=[codec.ToolDefinition(
-            name="t", parameters=[codec.ToolParamDefinition(name="x", param_type="blob")])]),
+            name="t", parameters=[codec.ToolParamDefinition(name="x", type="blob")])]),
          "tools:"),
     ]:
         err = w.expect_error(codec.CreateAgentRequest(

@@ -71,7 +71,7 @@ def test_whole_and_none(w):
 def test_guardrail_routes_to_canned_or_generate(w):
     g = graph(
         node("guard", codec.HumanMessageGuardrailParams(
-            patterns=[r"\bswords?\b", "weapon"], triggered_exit="refuse",
+            inline_strings=[r"\bswords?\b", "weapon"], triggered_exit="refuse",
             not_triggered_exit="answer")),
         node("refuse", canned("I only sell bread.")),
         node("answer", gen()))
@@ -94,11 +94,11 @@ def test_canned_selection_strategies(w):
     seq = create(w, graph(node("c", canned("one", "two", "three"))))
     assert [texts(turn(w, seq, "hi")) for _ in range(4)] == ["one", "two", "three", "one"]
     shuffle = create(w, graph(node("c", canned(
-        "a", "b", "c", selection_strategy=codec.SelectionStrategy.ShuffleNoRepeat))))
+        "a", "b", "c", selection_strategy=codec.CannedResponseSelectionStrategy.ShuffleNoRepeat))))
     picks = [texts(turn(w, shuffle, "hi")) for _ in range(6)]
     assert sorted(picks[:3]) == sorted(picks[3:]) == ["a", "b", "c"]
     rand = create(w, graph(node("c", canned(
-        "x", "y", selection_strategy=codec.SelectionStrategy.Random))))
+        "x", "y", selection_strategy=codec.CannedResponseSelectionStrategy.Random))))
     assert {texts(turn(w, rand, "hi")) for _ in range(12)} <= {"x", "y"}
     empty = create(w, graph(node("c", codec.CannedResponseParams())))
     [chunk] = answers(turn(w, empty, "hi"))
@@ -107,7 +107,7 @@ def test_canned_selection_strategies(w):
 
 def test_instruction_and_variables_reach_the_template(w):
     g = graph(
-        node("mood", codec.InstructionParams(text="You feel {{var.mood}} today.",
+        node("mood", codec.InstructionParams(instruction="You feel {{var.mood}} today.",
                                              default_exit="answer")),
         node("answer", gen(template="{{instruction_mood}} "
                                     "{{#instructions}}({{name}}){{/instructions}} "
@@ -118,8 +118,9 @@ def test_instruction_and_variables_reach_the_template(w):
         codec.AgentVariable(name="quests", value=codec.VarStringSet(values=["bread"]))])
     frames = turn(w, aid, "Good morning!")
     prompt = debug(frames)["nodes"][1]["prompt"]
-    assert ("You feel grumpy today. (mood) Quests: bread; Locale en English.\n\nGood morning!"
-            in prompt)
+    # placement BeforeUserAsSystem (the default): a system message before the player's
+    assert ("<|im_start|>system\nYou feel grumpy today. (mood) Quests: bread; Locale en "
+            "English.<|im_end|>\n<|im_start|>user\nGood morning!<|im_end|>" in prompt)
     assert debug(frames)["nodes"][0]["text"] == "You feel grumpy today."
     w.request(codec.UpdateAgentVariablesRequest(request_id=7, agent_id=aid, updates=[
         codec.VariableUpdate(name="mood", value=codec.VarString(value="cheerful")),
@@ -137,22 +138,81 @@ def test_instruction_and_variables_reach_the_template(w):
                                                                                  "wolves"}
 
 
+P = codec.Placement
+END = "<|im_start|>assistant\n"
+
+
 @pytest.mark.parametrize("placement,expect", [
-    (codec.PromptPlacement.SystemBeforeUser,
-     "<|im_start|>system\nRULE<|im_end|>\n<|im_start|>user\nHi<|im_end|>"),
-    (codec.PromptPlacement.SystemPromptEnd, "Answer in one short sentence.\n\nRULE<|im_end|>"),
-    (codec.PromptPlacement.UserMessage, "<|im_start|>user\nRULE\n\nHi<|im_end|>"),
+    (P.InPlaceOfUser, "<|im_start|>user\nRULE<|im_end|>\n" + END),
+    (P.BeforeUserAsUser, "<|im_start|>user\nRULE<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                         + END),
+    (P.BeforeUserAsSystem,
+     "<|im_start|>system\nRULE<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" + END),
+    (P.AfterUserAsUser, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>user\nRULE<|im_end|>\n"
+                        + END),
+    (P.AfterUserAsSystem,
+     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nRULE<|im_end|>\n" + END),
+    (P.SystemPromptEnd,
+     "Answer in one short sentence.\n\nRULE<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" + END),
 ])
 def test_template_placement(w, placement, expect):
     aid = create(w, graph(node("answer", gen(template="RULE", placement=placement,
                                              max_tokens=4))), enable_diagnostics=True)
     prompt = debug(turn(w, aid, "Hi"))["nodes"][0]["prompt"]
-    assert expect in prompt, prompt
+    assert prompt.endswith(expect), prompt
+
+
+def test_in_place_of_user_template_can_quote_the_player(w):
+    aid = create(w, graph(node("answer", gen(template="The traveller says: {{user_message}}",
+                                             placement=P.InPlaceOfUser, max_tokens=4))),
+                 enable_diagnostics=True)
+    prompt = debug(turn(w, aid, "Hi"))["nodes"][0]["prompt"]
+    assert prompt.endswith("<|im_start|>user\nThe traveller says: Hi<|im_end|>\n" + END)
+    # the dialog keeps the player's own words for the next turn
+    prompt = debug(turn(w, aid, "Bye"))["nodes"][0]["prompt"]
+    assert "<|im_start|>user\nHi<|im_end|>" in prompt, prompt
+
+
+def test_frames_of_a_turn_carry_its_request_id_and_agent_id(w):
+    """As in the original layout: AnswerText and NodeEvent start with the SendMessageRequest's
+    request_id (64-bit); an agent-scoped error or Ack names the agent."""
+    aid = create(w, graph(node("hi", canned("Welcome!", default_exit="answer")),
+                          node("answer", gen(max_tokens=6)),
+                          node("wait", codec.PauseParams())))
+    rid = 2**64 - 17
+    frames = turn(w, aid, "Hello", rid=rid)
+    answers = [f for f in frames if isinstance(f, codec.AnswerText)]
+    assert {f.node_name for f in answers} == {"hi", "answer"}
+    assert all((f.request_id, f.agent_id) == (rid, aid) for f in answers)
+    err = w.expect_error(codec.ChangeAgentParamRequest(
+        request_id=w.rid(), agent_id=aid, node_name="nope", params=codec.PauseParams()),
+        ErrorCode.UnknownNode)
+    assert err.agent_id == aid
+    session_err = w.expect_error(codec.CreateSessionRequest(request_id=w.rid()),
+                                 ErrorCode.SessionAlreadyExists)
+    assert session_err.agent_id == 0
+    ack = w.request(codec.DestroyAgentRequest(request_id=w.rid(), agent_id=aid))
+    assert isinstance(ack, codec.Ack) and ack.agent_id == aid
+
+
+def test_pause_event_carries_the_turn_request_id(w):
+    aid = create(w, graph(node("wait", codec.PauseParams(default_exit="bye")),
+                          node("bye", canned("Bye."))))
+    rid = w.rid()
+    w.send(codec.SendMessageRequest(request_id=rid, agent_id=aid, text="go"))
+    event = w.recv_until(codec.NodeEvent)[-1]
+    assert (event.event_type, event.request_id, event.agent_id) == ("paused", rid, aid)
+    assert isinstance(w.request(codec.ResumeAgentRequest(request_id=w.rid(), agent_id=aid)),
+                      codec.Ack)
+    frames = list(w.other)      # the resumed turn may overtake the Ack
+    if not any(isinstance(f, codec.TurnComplete) for f in frames):
+        frames += w.recv_until(codec.TurnComplete)
+    assert frames[-1].request_id == rid and texts(frames) == "Bye."
 
 
 def test_step_limit(w):
     loop = create(w, graph(node("a", canned("again", default_exit="b")),
-                           node("b", codec.InstructionParams(text="x", default_exit="a"))))
+                           node("b", codec.InstructionParams(instruction="x", default_exit="a"))))
     frames = turn(w, loop, "go")
     err = next(f for f in frames if isinstance(f, codec.ErrorResponse))
     assert err.code == ErrorCode.InferenceFailed
@@ -235,7 +295,7 @@ def test_cancel_when_idle_is_a_noop_ack(w):
 
 def test_change_agent_param_rules(w):
     g = graph(node("guard", codec.HumanMessageGuardrailParams(
-        patterns=["bread"], triggered_exit="yes", not_triggered_exit="no")),
+        inline_strings=["bread"], triggered_exit="yes", not_triggered_exit="no")),
         node("yes", canned("Bread!")), node("no", canned("No bread.")))
     aid = create(w, g)
     assert texts(turn(w, aid, "cake")) == "No bread."
@@ -246,20 +306,20 @@ def test_change_agent_param_rules(w):
         return w.expect_error(body, code) if code else w.request(body)
 
     assert isinstance(change("guard", codec.HumanMessageGuardrailParams(
-        patterns=["cake"], triggered_exit="yes", not_triggered_exit="no")), codec.Ack)
+        inline_strings=["cake"], triggered_exit="yes", not_triggered_exit="no")), codec.Ack)
     assert texts(turn(w, aid, "cake")) == "Bread!"
     assert isinstance(change("no", canned("Never bread.")), codec.Ack)
     assert texts(turn(w, aid, "pie")) == "Never bread."
     err = change("ghost", canned("x"), ErrorCode.UnknownNode)
     assert "no node 'ghost'" in err.message
     err = change("guard", codec.HumanMessageGuardrailParams(
-        patterns=["x"], triggered_exit="no", not_triggered_exit="no"), ErrorCode.ParamNotMutable)
+        inline_strings=["x"], triggered_exit="no", not_triggered_exit="no"), ErrorCode.ParamNotMutable)
     assert "HumanMessageGuardrailParams.triggered_exit is structural" in err.message
     err = change("guard", codec.HumanMessageGuardrailParams(
-        patterns=["(bad"], triggered_exit="yes", not_triggered_exit="no"),
+        inline_strings=["(bad"], triggered_exit="yes", not_triggered_exit="no"),
         ErrorCode.InvalidParamValue)
     assert "not a valid regex" in err.message
-    err = change("yes", codec.InstructionParams(text="x"), ErrorCode.InvalidParamValue)
+    err = change("yes", codec.InstructionParams(instruction="x"), ErrorCode.InvalidParamValue)
     assert "params must be CannedResponseParams" in err.message
     # the failed changes changed nothing
     assert texts(turn(w, aid, "cake")) == "Bread!"
@@ -293,7 +353,7 @@ def test_stateless_agent_forgets_after_each_turn(w):
 
 
 def test_a_turn_without_text_still_sends_one_final_chunk(w):
-    aid = create(w, graph(node("i", codec.InstructionParams(text="quiet"))))
+    aid = create(w, graph(node("i", codec.InstructionParams(instruction="quiet"))))
     frames = turn(w, aid, "hello")
     [chunk] = answers(frames)
     assert (chunk.node_name, chunk.text, chunk.is_final) == ("i", "", True)

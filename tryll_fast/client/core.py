@@ -24,7 +24,9 @@ from tryll_fast.errors import ErrorCode
 
 log = logging.getLogger("tryll_fast.client")
 
-_MAX_REQUEST_ID = 0xFFFFFFFF
+_MAX_REQUEST_ID = 0xFFFFFFFFFFFFFFFF     # request_id is a uint64 on the wire
+# frames a turn streams under its SendMessageRequest's request_id
+_TURN_STREAM = (codec.AnswerText, codec.NodeEvent)
 
 
 def _not_progress(body) -> bool:
@@ -192,9 +194,14 @@ class ClientCore:
                 if final:
                     del self._pending[rid]
             if entry is not None:
+                # a turn's streamed frames carry its request_id: they reach the turn's
+                # progress callback, and the unsolicited callbacks as well
                 self._settle(entry, body, final)
+                if not isinstance(body, _TURN_STREAM):
+                    return
+                self._unsolicited(body)
                 return
-        elif isinstance(body, (codec.AnswerText, codec.NodeEvent)):
+        if isinstance(body, _TURN_STREAM):
             route = self._agent_frames.get(body.agent_id)
             if route is not None:
                 try:
@@ -213,7 +220,7 @@ class ClientCore:
         elif isinstance(body, codec.ErrorResponse):
             self._fail(entry.future, TryllError(body.code, body.message))
         elif isinstance(body, codec.DownloadComplete) and not body.success:
-            self._fail(entry.future, TryllError(body.error_code, body.message))
+            self._fail(entry.future, TryllError(body.error_code, body.error))
         else:
             self._resolve(entry.future, body)
 
@@ -245,7 +252,7 @@ class Calls:
 
     def create_session(self, locale: str = "", engines: Iterable[tuple[int, int]] = (),
                        placement_hints: Mapping[str, int] | None = None) -> Call:
-        """Create this connection's session (once). engines: (ModelRole, EngineKind) pairs
+        """Create this connection's session (once). engines: (ModelRole, InferenceEngine) pairs
         the session expects to use; placement_hints: model name -> MemoryPlacement.
         Returns the session id."""
         def result(reply) -> int:

@@ -6,7 +6,7 @@ splitting a byte stream into frames. It knows the schema (schema/*.fbs, via
 the generated `_generated.pxi`) and nothing about sessions, sockets or models.
 
     from tryll_fast import codec
-    frame = codec.encode(codec.AnswerText(agent_id=7, text="Hello", is_delta=True))
+    frame = codec.encode(codec.AnswerText(request_id=1, agent_id=7, text="Hello", is_delta=True))
     msg = codec.decode_frame(frame)
     msg.body_type          # MessageBody.AnswerText
     msg.body.text          # 'Hello'
@@ -17,7 +17,7 @@ connection must close; EncodeError names the field and the constraint.
 """
 from tryll_fast.codec._codec import *  # noqa: F401,F403
 from tryll_fast.codec._codec import (  # noqa: F401
-    ENUMS, GENERATED_NAMES, MAX_FRAME, STRUCTS, TABLES, UNIONS,
+    ENUMS, GENERATED_NAMES, MAX_FRAME, SCHEMA_FINGERPRINT, STRUCTS, TABLES, UNIONS,
     CodecError, EncodeError, FrameSplitter, FrameTooLarge, FramingError,
     MalformedMessage, Struct, Table, UnknownMessageType,
     decode, decode_frame, decode_root, encode, encode_answer_text, encode_root, peek_body_type,

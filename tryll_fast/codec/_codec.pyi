@@ -3,6 +3,7 @@ from enum import IntEnum
 from typing import Any, Optional, Sequence
 
 MAX_FRAME: int
+SCHEMA_FINGERPRINT: str
 class CodecError(ValueError):
     code: int
 class MalformedMessage(CodecError): ...
@@ -28,8 +29,20 @@ def encode_root(table: Table, size_prefix: bool = False) -> bytes: ...
 def decode_root(cls: type, data: Any) -> Any: ...
 def peek_body_type(payload: Any) -> int: ...
 def peek_request_id(payload: Any) -> int: ...
-def encode_answer_text(agent_id: int, node_name: str, text: str, is_delta: bool, is_final: bool) -> bytes: ...
+def encode_answer_text(request_id: int, agent_id: int, node_name: str, text: str, is_delta: bool, is_final: bool) -> bytes: ...
 
+class Placement(IntEnum):
+    InPlaceOfUser = 0
+    BeforeUserAsUser = 1
+    BeforeUserAsSystem = 2
+    AfterUserAsUser = 3
+    AfterUserAsSystem = 4
+    SystemPromptEnd = 5
+class CannedResponseSelectionStrategy(IntEnum):
+    Random = 0
+    First = 1
+    RoundRobin = 2
+    ShuffleNoRepeat = 3
 class ToolCallMode(IntEnum):
     DetectOnly = 0
     CallOrAnswer = 1
@@ -46,18 +59,10 @@ class SendMode(IntEnum):
     Streamed = 0
     Whole = 1
     None_ = 2
-class PromptPlacement(IntEnum):
-    UserMessage = 0
-    SystemBeforeUser = 1
-    SystemPromptEnd = 2
 class NotifyClient(IntEnum):
     Never = 0
-    Always = 1
-    OnFound = 2
-class SelectionStrategy(IntEnum):
-    Sequential = 0
-    Random = 1
-    ShuffleNoRepeat = 2
+    OnFound = 1
+    Always = 2
 class RetrievalMode(IntEnum):
     Vector = 0
     Lexical = 1
@@ -154,17 +159,23 @@ class ModelRole(IntEnum):
     Stt = 2
     Tts = 3
     Vad = 4
-class EngineKind(IntEnum):
-    LlamaCpp = 0
-    SherpaOnnx = 1
-    Mock = 2
-    FasterWhisper = 3
+class InferenceEngine(IntEnum):
+    Mock = 0
+    LlamaCpp = 1
+    OnnxGenAI = 2
+    WindowsML = 3
+    OpenVino = 4
+    TensorRtLlm = 5
+    SherpaOnnx = 6
+    Supertonic = 7
+    FasterWhisper = 8
 class ModelStatus(IntEnum):
-    NotDownloaded = 0
-    Downloading = 1
-    Downloaded = 2
-    Incomplete = 3
-    Loaded = 4
+    Absent = 0
+    Local = 1
+    Downloading = 2
+    Loaded = 3
+    Downloaded = 4
+    Incomplete = 5
 class MemoryTier(IntEnum):
     Ram = 0
     Vram = 1
@@ -213,17 +224,17 @@ class Viseme(IntEnum):
 class NodeParams(IntEnum):
     NONE = 0
     GenerateParams = 1
-    CannedResponseParams = 2
-    InstructionParams = 3
-    HumanMessageGuardrailParams = 4
+    HumanMessageGuardrailParams = 2
+    CannedResponseParams = 3
+    ToolCallParams = 4
     RetrieveParams = 5
-    ClassifyIntentParams = 6
-    ClassifyIntentLLMParams = 7
-    IntentToInstructionParams = 8
-    ToolCallParams = 9
-    PauseParams = 10
+    InstructionParams = 6
+    ClassifyIntentParams = 7
+    ClassifyIntentLLMParams = 8
+    IntentToInstructionParams = 9
+    GenerateAndSpeakParams = 10
     SpeakParams = 11
-    GenerateAndSpeakParams = 12
+    PauseParams = 12
     WriteToMemoryParams = 13
     SummarizeParams = 14
     ClassifyAttributesLLMParams = 15
@@ -345,23 +356,35 @@ class VisemeCue(Struct):
     sample_offset: int
     viseme: int
     def __init__(self, sample_offset: Any = ..., viseme: Any = ...) -> None: ...
+class ToolParamDefinition(Table):
+    name: str
+    type: str
+    description: str
+    required: bool
+    enum_values: Sequence[str]
+    def __init__(self, *, name: Any = ..., type: Any = ..., description: Any = ..., required: Any = ..., enum_values: Any = ...) -> None: ...
+class ToolDefinition(Table):
+    name: str
+    description: str
+    parameters: Sequence[ToolParamDefinition]
+    def __init__(self, *, name: Any = ..., description: Any = ..., parameters: Any = ...) -> None: ...
+class SamplingOverrides(Table):
+    temperature: Optional[float]
+    top_p: Optional[float]
+    top_k: Optional[int]
+    min_p: Optional[float]
+    max_tokens: Optional[int]
+    seed: Optional[int]
+    repeat_penalty: Optional[float]
+    presence_penalty: Optional[float]
+    frequency_penalty: Optional[float]
+    stop: Sequence[str]
+    def __init__(self, *, temperature: Any = ..., top_p: Any = ..., top_k: Any = ..., min_p: Any = ..., max_tokens: Any = ..., seed: Any = ..., repeat_penalty: Any = ..., presence_penalty: Any = ..., frequency_penalty: Any = ..., stop: Any = ...) -> None: ...
 class LocalizableText(Table):
     text: str
     key: str
     string_table: str
     def __init__(self, *, text: Any = ..., key: Any = ..., string_table: Any = ...) -> None: ...
-class SamplingOverrides(Table):
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    repeat_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-    seed: int
-    max_tokens: int
-    stop: Sequence[str]
-    def __init__(self, *, temperature: Any = ..., top_k: Any = ..., top_p: Any = ..., min_p: Any = ..., repeat_penalty: Any = ..., presence_penalty: Any = ..., frequency_penalty: Any = ..., seed: Any = ..., max_tokens: Any = ..., stop: Any = ...) -> None: ...
 class ContextOverrides(Table):
     kv_cache_type: KvCacheType
     n_gpu_layers: int
@@ -377,18 +400,6 @@ class LoraAdapter(Table):
 class ModelAdaptation(Table):
     loras: Sequence[LoraAdapter]
     def __init__(self, *, loras: Any = ...) -> None: ...
-class ToolParamDefinition(Table):
-    name: str
-    param_type: str
-    description: str
-    required: bool
-    enum_values: Sequence[str]
-    def __init__(self, *, name: Any = ..., param_type: Any = ..., description: Any = ..., required: Any = ..., enum_values: Any = ...) -> None: ...
-class ToolDefinition(Table):
-    name: str
-    description: str
-    parameters: Sequence[ToolParamDefinition]
-    def __init__(self, *, name: Any = ..., description: Any = ..., parameters: Any = ...) -> None: ...
 class AttributeDefinition(Table):
     name: str
     question: str
@@ -398,34 +409,46 @@ class AttributeDefinition(Table):
     def __init__(self, *, name: Any = ..., question: Any = ..., options: Any = ..., option_descriptions: Any = ..., target_variable: Any = ...) -> None: ...
 class GenerateParams(Table):
     model_name: str
-    input: str
-    context_size: int
     system_prompt: str
     template: str
-    placement: PromptPlacement
-    send: SendMode
+    placement: Placement
     sampling: Optional[SamplingOverrides]
-    context: Optional[ContextOverrides]
     default_exit: str
     adaptation: Optional[ModelAdaptation]
-    def __init__(self, *, model_name: Any = ..., input: Any = ..., context_size: Any = ..., system_prompt: Any = ..., template: Any = ..., placement: Any = ..., send: Any = ..., sampling: Any = ..., context: Any = ..., default_exit: Any = ..., adaptation: Any = ...) -> None: ...
+    input: str
+    context_size: int
+    send: SendMode
+    context: Optional[ContextOverrides]
+    def __init__(self, *, model_name: Any = ..., system_prompt: Any = ..., template: Any = ..., placement: Any = ..., sampling: Any = ..., default_exit: Any = ..., adaptation: Any = ..., input: Any = ..., context_size: Any = ..., send: Any = ..., context: Any = ...) -> None: ...
+class HumanMessageGuardrailParams(Table):
+    string_storage: str
+    inline_strings: Sequence[str]
+    triggered_exit: str
+    not_triggered_exit: str
+    def __init__(self, *, string_storage: Any = ..., inline_strings: Any = ..., triggered_exit: Any = ..., not_triggered_exit: Any = ...) -> None: ...
 class CannedResponseParams(Table):
     string_storage: str
-    selection_strategy: SelectionStrategy
+    selection_strategy: CannedResponseSelectionStrategy
     default_exit: str
     lines: Sequence[LocalizableText]
     def __init__(self, *, string_storage: Any = ..., selection_strategy: Any = ..., default_exit: Any = ..., lines: Any = ...) -> None: ...
-class InstructionParams(Table):
-    instruction_name: str
-    text: str
-    default_exit: str
-    def __init__(self, *, instruction_name: Any = ..., text: Any = ..., default_exit: Any = ...) -> None: ...
-class HumanMessageGuardrailParams(Table):
-    string_storage: str
-    patterns: Sequence[str]
-    triggered_exit: str
-    not_triggered_exit: str
-    def __init__(self, *, string_storage: Any = ..., patterns: Any = ..., triggered_exit: Any = ..., not_triggered_exit: Any = ...) -> None: ...
+class ToolCallParams(Table):
+    model_name: str
+    system_prompt: str
+    tools: Sequence[ToolDefinition]
+    disposition: ToolCallDisposition
+    sampling: Optional[SamplingOverrides]
+    tool_called_exit: str
+    no_tool_called_exit: str
+    pause_timeout_ms: int
+    adaptation: Optional[ModelAdaptation]
+    input: str
+    context_size: int
+    mode: ToolCallMode
+    parallel_tool_calls: bool
+    acknowledge_text: str
+    context: Optional[ContextOverrides]
+    def __init__(self, *, model_name: Any = ..., system_prompt: Any = ..., tools: Any = ..., disposition: Any = ..., sampling: Any = ..., tool_called_exit: Any = ..., no_tool_called_exit: Any = ..., pause_timeout_ms: Any = ..., adaptation: Any = ..., input: Any = ..., context_size: Any = ..., mode: Any = ..., parallel_tool_calls: Any = ..., acknowledge_text: Any = ..., context: Any = ...) -> None: ...
 class RetrieveParams(Table):
     embedded_string_storage: str
     top_k: int
@@ -437,32 +460,38 @@ class RetrieveParams(Table):
     found_exit: str
     not_found_exit: str
     def __init__(self, *, embedded_string_storage: Any = ..., top_k: Any = ..., threshold: Any = ..., retrieval_mode: Any = ..., rrf_k: Any = ..., source: Any = ..., filter: Any = ..., found_exit: Any = ..., not_found_exit: Any = ...) -> None: ...
+class InstructionParams(Table):
+    instruction_name: str
+    instruction: str
+    default_exit: str
+    def __init__(self, *, instruction_name: Any = ..., instruction: Any = ..., default_exit: Any = ...) -> None: ...
 class ClassifyIntentParams(Table):
     embedded_string_storage: str
     metadata_field: str
     threshold: float
     filter: str
     notify_client: NotifyClient
+    diagnostic_topk: int
     found_exit: str
     not_found_exit: str
-    def __init__(self, *, embedded_string_storage: Any = ..., metadata_field: Any = ..., threshold: Any = ..., filter: Any = ..., notify_client: Any = ..., found_exit: Any = ..., not_found_exit: Any = ...) -> None: ...
+    def __init__(self, *, embedded_string_storage: Any = ..., metadata_field: Any = ..., threshold: Any = ..., filter: Any = ..., notify_client: Any = ..., diagnostic_topk: Any = ..., found_exit: Any = ..., not_found_exit: Any = ...) -> None: ...
 class ClassifyIntentLLMParams(Table):
-    input: str
     model_name: str
-    context_size: int
+    intents_ids: str
+    intents_prompt: str
     system_prompt: str
-    intents_ids: Sequence[str]
-    intents_descriptions: Sequence[str]
+    history_turns: int
     threshold: float
     margin: float
-    history_turns: int
-    not_found_intent: str
     notify_client: NotifyClient
-    context: Optional[ContextOverrides]
+    not_found_intent: str
     found_exit: str
     not_found_exit: str
     adaptation: Optional[ModelAdaptation]
-    def __init__(self, *, input: Any = ..., model_name: Any = ..., context_size: Any = ..., system_prompt: Any = ..., intents_ids: Any = ..., intents_descriptions: Any = ..., threshold: Any = ..., margin: Any = ..., history_turns: Any = ..., not_found_intent: Any = ..., notify_client: Any = ..., context: Any = ..., found_exit: Any = ..., not_found_exit: Any = ..., adaptation: Any = ...) -> None: ...
+    input: str
+    context_size: int
+    context: Optional[ContextOverrides]
+    def __init__(self, *, model_name: Any = ..., intents_ids: Any = ..., intents_prompt: Any = ..., system_prompt: Any = ..., history_turns: Any = ..., threshold: Any = ..., margin: Any = ..., notify_client: Any = ..., not_found_intent: Any = ..., found_exit: Any = ..., not_found_exit: Any = ..., adaptation: Any = ..., input: Any = ..., context_size: Any = ..., context: Any = ...) -> None: ...
 class IntentToInstructionParams(Table):
     string_storage: str
     inline_keys: Sequence[str]
@@ -470,48 +499,31 @@ class IntentToInstructionParams(Table):
     default_exit: str
     instructions: Sequence[LocalizableText]
     def __init__(self, *, string_storage: Any = ..., inline_keys: Any = ..., instruction_name: Any = ..., default_exit: Any = ..., instructions: Any = ...) -> None: ...
-class ToolCallParams(Table):
-    input: str
+class GenerateAndSpeakParams(Table):
     model_name: str
-    context_size: int
     system_prompt: str
-    tools: Sequence[ToolDefinition]
-    mode: ToolCallMode
-    parallel_tool_calls: bool
-    disposition: ToolCallDisposition
-    acknowledge_text: str
-    pause_timeout_ms: int
+    template: str
+    placement: Placement
     sampling: Optional[SamplingOverrides]
-    context: Optional[ContextOverrides]
-    tool_called_exit: str
-    no_tool_called_exit: str
-    adaptation: Optional[ModelAdaptation]
-    def __init__(self, *, input: Any = ..., model_name: Any = ..., context_size: Any = ..., system_prompt: Any = ..., tools: Any = ..., mode: Any = ..., parallel_tool_calls: Any = ..., disposition: Any = ..., acknowledge_text: Any = ..., pause_timeout_ms: Any = ..., sampling: Any = ..., context: Any = ..., tool_called_exit: Any = ..., no_tool_called_exit: Any = ..., adaptation: Any = ...) -> None: ...
-class PauseParams(Table):
-    pause_timeout_ms: int
+    min_sentence_chars: int
     default_exit: str
-    timeout_exit: str
-    def __init__(self, *, pause_timeout_ms: Any = ..., default_exit: Any = ..., timeout_exit: Any = ...) -> None: ...
+    first_chunk_max_chars: int
+    adaptation: Optional[ModelAdaptation]
+    input: str
+    context_size: int
+    send: SendMode
+    context: Optional[ContextOverrides]
+    def __init__(self, *, model_name: Any = ..., system_prompt: Any = ..., template: Any = ..., placement: Any = ..., sampling: Any = ..., min_sentence_chars: Any = ..., default_exit: Any = ..., first_chunk_max_chars: Any = ..., adaptation: Any = ..., input: Any = ..., context_size: Any = ..., send: Any = ..., context: Any = ...) -> None: ...
 class SpeakParams(Table):
     min_sentence_chars: int
     default_exit: str
     first_chunk_max_chars: int
     def __init__(self, *, min_sentence_chars: Any = ..., default_exit: Any = ..., first_chunk_max_chars: Any = ...) -> None: ...
-class GenerateAndSpeakParams(Table):
-    model_name: str
-    input: str
-    context_size: int
-    system_prompt: str
-    template: str
-    placement: PromptPlacement
-    send: SendMode
-    sampling: Optional[SamplingOverrides]
-    context: Optional[ContextOverrides]
-    min_sentence_chars: int
+class PauseParams(Table):
+    pause_timeout_ms: int
     default_exit: str
-    first_chunk_max_chars: int
-    adaptation: Optional[ModelAdaptation]
-    def __init__(self, *, model_name: Any = ..., input: Any = ..., context_size: Any = ..., system_prompt: Any = ..., template: Any = ..., placement: Any = ..., send: Any = ..., sampling: Any = ..., context: Any = ..., min_sentence_chars: Any = ..., default_exit: Any = ..., first_chunk_max_chars: Any = ..., adaptation: Any = ...) -> None: ...
+    timeout_exit: str
+    def __init__(self, *, pause_timeout_ms: Any = ..., default_exit: Any = ..., timeout_exit: Any = ...) -> None: ...
 class WriteToMemoryParams(Table):
     mutable_kb: str
     content: MemoryContent
@@ -643,7 +655,7 @@ class PersistedDialogSnapshot(Table):
     def __init__(self, *, format_version: Any = ..., graph_fingerprint: Any = ..., node_names: Any = ..., locale: Any = ..., exported_at_ms: Any = ..., interactions: Any = ...) -> None: ...
 class EngineHint(Table):
     role: ModelRole
-    engine: EngineKind
+    engine: InferenceEngine
     def __init__(self, *, role: Any = ..., engine: Any = ...) -> None: ...
 class PlacementHint(Table):
     model_name: str
@@ -687,10 +699,15 @@ class DialogInteraction(Table):
     user_message: str
     assistant_message: str
     def __init__(self, *, user_message: Any = ..., assistant_message: Any = ...) -> None: ...
-class KeyValue(Table):
+class NodeParam(Table):
     key: str
     value: str
     def __init__(self, *, key: Any = ..., value: Any = ...) -> None: ...
+class WireAudioFormat(Table):
+    sample_rate: int
+    channels: int
+    bits_per_sample: int
+    def __init__(self, *, sample_rate: Any = ..., channels: Any = ..., bits_per_sample: Any = ...) -> None: ...
 class TtsCapabilitiesInfo(Table):
     sample_rate: int
     supports_speed: bool
@@ -701,16 +718,17 @@ class TtsCapabilitiesInfo(Table):
     def __init__(self, *, sample_rate: Any = ..., supports_speed: Any = ..., supports_voice_description: Any = ..., supports_reference_clip: Any = ..., expressiveness: Any = ..., num_speakers: Any = ...) -> None: ...
 class ModelInfo(Table):
     name: str
-    role: ModelRole
-    engine: EngineKind
     status: ModelStatus
+    huggingface_repo: str
     size_bytes: int
-    description: str
-    context_size: int
     languages: Sequence[str]
     dependencies: Sequence[str]
     tts_capabilities: Optional[TtsCapabilitiesInfo]
-    def __init__(self, *, name: Any = ..., role: Any = ..., engine: Any = ..., status: Any = ..., size_bytes: Any = ..., description: Any = ..., context_size: Any = ..., languages: Any = ..., dependencies: Any = ..., tts_capabilities: Any = ...) -> None: ...
+    model_type: ModelRole
+    engine: InferenceEngine
+    description: str
+    context_size: int
+    def __init__(self, *, name: Any = ..., status: Any = ..., huggingface_repo: Any = ..., size_bytes: Any = ..., languages: Any = ..., dependencies: Any = ..., tts_capabilities: Any = ..., model_type: Any = ..., engine: Any = ..., description: Any = ..., context_size: Any = ...) -> None: ...
 class MemoryConsumptionEntry(Table):
     owner_kind: MemoryOwnerKind
     tier: MemoryTier
@@ -759,13 +777,15 @@ class MutableKbHit(Table):
     def __init__(self, *, id: Any = ..., text: Any = ..., metadata_json: Any = ..., distance: Any = ...) -> None: ...
 class ConnectionReady(Table):
     protocol_version: int
+    codegen_fingerprint: str
     mode: str
-    def __init__(self, *, protocol_version: Any = ..., mode: Any = ...) -> None: ...
+    def __init__(self, *, protocol_version: Any = ..., codegen_fingerprint: Any = ..., mode: Any = ...) -> None: ...
 class CreateSessionRequest(Table):
     request_id: int
-    locale: str
     model_config: Optional[ModelConfig]
-    def __init__(self, *, request_id: Any = ..., locale: Any = ..., model_config: Any = ...) -> None: ...
+    game_name: str
+    locale: str
+    def __init__(self, *, request_id: Any = ..., model_config: Any = ..., game_name: Any = ..., locale: Any = ...) -> None: ...
 class CreateSessionResponse(Table):
     request_id: int
     session_id: int
@@ -795,12 +815,13 @@ class DestroyAgentRequest(Table):
     agent_id: int
     def __init__(self, *, request_id: Any = ..., agent_id: Any = ...) -> None: ...
 class AnswerText(Table):
+    request_id: int
     agent_id: int
-    node_name: str
     text: str
     is_delta: bool
     is_final: bool
-    def __init__(self, *, agent_id: Any = ..., node_name: Any = ..., text: Any = ..., is_delta: Any = ..., is_final: Any = ...) -> None: ...
+    node_name: str
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., text: Any = ..., is_delta: Any = ..., is_final: Any = ..., node_name: Any = ...) -> None: ...
 class TurnComplete(Table):
     request_id: int
     agent_id: int
@@ -812,11 +833,13 @@ class ErrorResponse(Table):
     request_id: int
     code: int
     message: str
-    def __init__(self, *, request_id: Any = ..., code: Any = ..., message: Any = ...) -> None: ...
+    agent_id: int
+    def __init__(self, *, request_id: Any = ..., code: Any = ..., message: Any = ..., agent_id: Any = ...) -> None: ...
 class Ack(Table):
     request_id: int
+    agent_id: int
     warning: str
-    def __init__(self, *, request_id: Any = ..., warning: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., warning: Any = ...) -> None: ...
 class ListModelsRequest(Table):
     request_id: int
     def __init__(self, *, request_id: Any = ...) -> None: ...
@@ -831,17 +854,18 @@ class DownloadModelRequest(Table):
 class DownloadProgress(Table):
     request_id: int
     model_name: str
-    bytes_done: int
-    bytes_total: int
+    bytes_downloaded: int
+    total_bytes: int
+    percent: float
     current_file: str
-    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., bytes_done: Any = ..., bytes_total: Any = ..., current_file: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., bytes_downloaded: Any = ..., total_bytes: Any = ..., percent: Any = ..., current_file: Any = ...) -> None: ...
 class DownloadComplete(Table):
     request_id: int
     model_name: str
     success: bool
+    error: str
     error_code: int
-    message: str
-    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., success: Any = ..., error_code: Any = ..., message: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., success: Any = ..., error: Any = ..., error_code: Any = ...) -> None: ...
 class CreateStringStorageRequest(Table):
     request_id: int
     name: str
@@ -860,11 +884,12 @@ class DestroyStringStorageRequest(Table):
     name: str
     def __init__(self, *, request_id: Any = ..., name: Any = ...) -> None: ...
 class NodeEvent(Table):
+    request_id: int
     agent_id: int
     node_name: str
     event_type: str
-    kv_pairs: Sequence[KeyValue]
-    def __init__(self, *, agent_id: Any = ..., node_name: Any = ..., event_type: Any = ..., kv_pairs: Any = ...) -> None: ...
+    kv_pairs: Sequence[NodeParam]
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., node_name: Any = ..., event_type: Any = ..., kv_pairs: Any = ...) -> None: ...
 class LoadModelRequest(Table):
     request_id: int
     model_name: str
@@ -873,7 +898,7 @@ class LoadModelRequest(Table):
 class LoadModelResponse(Table):
     request_id: int
     model_name: str
-    engine: EngineKind
+    engine: InferenceEngine
     already_loaded: bool
     placement: MemoryPlacement
     load_ms: int
@@ -889,16 +914,16 @@ class CreateEmbeddedStringStorageRequest(Table):
     request_id: int
     name: str
     config_path: str
-    embedding_model_name: str
-    texts: Sequence[str]
+    strings: Sequence[str]
+    embedding_model: str
     metadata_json: Sequence[str]
-    def __init__(self, *, request_id: Any = ..., name: Any = ..., config_path: Any = ..., embedding_model_name: Any = ..., texts: Any = ..., metadata_json: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., name: Any = ..., config_path: Any = ..., strings: Any = ..., embedding_model: Any = ..., metadata_json: Any = ...) -> None: ...
 class CreateEmbeddedStringStorageResponse(Table):
     request_id: int
     name: str
-    entry_count: int
-    dimensions: int
-    def __init__(self, *, request_id: Any = ..., name: Any = ..., entry_count: Any = ..., dimensions: Any = ...) -> None: ...
+    record_count: int
+    embedding_dim: int
+    def __init__(self, *, request_id: Any = ..., name: Any = ..., record_count: Any = ..., embedding_dim: Any = ...) -> None: ...
 class DestroyEmbeddedStringStorageRequest(Table):
     request_id: int
     name: str
@@ -913,10 +938,13 @@ class ChangeAgentParamRequest(Table):
 class CreateVoiceInputRequest(Table):
     request_id: int
     model_name: str
+    input_format: Optional[WireAudioFormat]
+    vad_threshold: float
     vad_min_silence_ms: int
+    vad_speech_pad_ms: int
     hotwords_storage_path: str
     hotwords_score: float
-    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., vad_min_silence_ms: Any = ..., hotwords_storage_path: Any = ..., hotwords_score: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., model_name: Any = ..., input_format: Any = ..., vad_threshold: Any = ..., vad_min_silence_ms: Any = ..., vad_speech_pad_ms: Any = ..., hotwords_storage_path: Any = ..., hotwords_score: Any = ...) -> None: ...
 class CreateVoiceInputResponse(Table):
     request_id: int
     voice_input_id: int
@@ -930,8 +958,7 @@ class BeginUtteranceRequest(Table):
 class AudioBuffer(Table):
     voice_input_id: int
     pcm: memoryview
-    sample_rate: int
-    def __init__(self, *, voice_input_id: Any = ..., pcm: Any = ..., sample_rate: Any = ...) -> None: ...
+    def __init__(self, *, voice_input_id: Any = ..., pcm: Any = ...) -> None: ...
 class EndUtteranceRequest(Table):
     request_id: int
     voice_input_id: int
@@ -942,30 +969,31 @@ class CancelUtteranceRequest(Table):
     def __init__(self, *, request_id: Any = ..., voice_input_id: Any = ...) -> None: ...
 class WireTranscriptUpdate(Table):
     voice_input_id: int
-    kind: TranscriptUpdateKind
     text: str
+    kind: TranscriptUpdateKind
+    audio_ms_consumed: int
     segment_index: int
     start_ms: int
     end_ms: int
-    def __init__(self, *, voice_input_id: Any = ..., kind: Any = ..., text: Any = ..., segment_index: Any = ..., start_ms: Any = ..., end_ms: Any = ...) -> None: ...
+    def __init__(self, *, voice_input_id: Any = ..., text: Any = ..., kind: Any = ..., audio_ms_consumed: Any = ..., segment_index: Any = ..., start_ms: Any = ..., end_ms: Any = ...) -> None: ...
 class DestroyVoiceInputRequest(Table):
     request_id: int
     voice_input_id: int
     def __init__(self, *, request_id: Any = ..., voice_input_id: Any = ...) -> None: ...
 class TtsAudioFormatFrame(Table):
+    request_id: int
     agent_id: int
+    format: Optional[WireAudioFormat]
     node_name: str
-    sample_rate: int
-    channels: int
-    bits_per_sample: int
-    def __init__(self, *, agent_id: Any = ..., node_name: Any = ..., sample_rate: Any = ..., channels: Any = ..., bits_per_sample: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., format: Any = ..., node_name: Any = ...) -> None: ...
 class TtsAudioFrame(Table):
+    request_id: int
     agent_id: int
-    node_name: str
     pcm: memoryview
+    node_name: str
     sample_offset: int
     sentence_index: int
-    def __init__(self, *, agent_id: Any = ..., node_name: Any = ..., pcm: Any = ..., sample_offset: Any = ..., sentence_index: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., pcm: Any = ..., node_name: Any = ..., sample_offset: Any = ..., sentence_index: Any = ...) -> None: ...
 class DeleteModelRequest(Table):
     request_id: int
     model_name: str
@@ -1265,11 +1293,12 @@ class LoadDialogResponse(Table):
     warnings: Sequence[str]
     def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., save_id: Any = ..., interaction_count: Any = ..., warnings: Any = ...) -> None: ...
 class TtsVisemeFrame(Table):
+    request_id: int
     agent_id: int
     node_name: str
     visemes: Sequence[VisemeCue]
     sentence_index: int
-    def __init__(self, *, agent_id: Any = ..., node_name: Any = ..., visemes: Any = ..., sentence_index: Any = ...) -> None: ...
+    def __init__(self, *, request_id: Any = ..., agent_id: Any = ..., node_name: Any = ..., visemes: Any = ..., sentence_index: Any = ...) -> None: ...
 class SetAgentVoiceRequest(Table):
     request_id: int
     agent_id: int

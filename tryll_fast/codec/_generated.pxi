@@ -8,8 +8,30 @@ ctypedef Table (*_view_fn)(_Source, Py_ssize_t)
 ctypedef uint32_t (*_bf_fn)(Builder, object) except 0
 
 
+class Placement(IntEnum):
+    """Marks a param fixed at CreateAgent: changing it with ChangeAgentParam fails with 3006 ParamNotMutable. Fields without it are mutable (idle or paused agent only). Where a node's rendered Mustache template goes in the prompt, relative to the turn's user message. Values 0..4 are the original's; SystemPromptEnd is ours."""
+    InPlaceOfUser = 0
+    BeforeUserAsUser = 1
+    BeforeUserAsSystem = 2
+    AfterUserAsUser = 3
+    AfterUserAsSystem = 4
+    SystemPromptEnd = 5
+
+cdef dict _EV_Placement = {m.value: m for m in Placement}
+
+
+class CannedResponseSelectionStrategy(IntEnum):
+    """How a CannedResponse node picks its line each time it runs (state is per agent, per node). Values 0..2 are the original's."""
+    Random = 0
+    First = 1
+    RoundRobin = 2
+    ShuffleNoRepeat = 3
+
+cdef dict _EV_CannedResponseSelectionStrategy = {m.value: m for m in CannedResponseSelectionStrategy}
+
+
 class ToolCallMode(IntEnum):
-    """Marks a param fixed at CreateAgent: changing it with ChangeAgentParam fails with 3006 ParamNotMutable. Fields without it are mutable (idle or paused agent only). How a ToolCall node may answer (seed 003)."""
+    """How a ToolCall node may answer."""
     DetectOnly = 0
     CallOrAnswer = 1
     RequireCall = 2
@@ -18,7 +40,7 @@ cdef dict _EV_ToolCallMode = {m.value: m for m in ToolCallMode}
 
 
 class ToolCallDisposition(IntEnum):
-    """What a ToolCall node does after detecting a call: notify the game (NodeEvent tool_call), pause the turn, and what goes into history (seed 003 matrix)."""
+    """What a ToolCall node does after detecting a call: notify the game (NodeEvent tool_call), pause the turn, and what goes into history (docs/workflow.md)."""
     RouteOnly = 0
     Acknowledge = 1
     Notify = 2
@@ -39,31 +61,13 @@ class SendMode(IntEnum):
 cdef dict _EV_SendMode = {m.value: m for m in SendMode}
 
 
-class PromptPlacement(IntEnum):
-    """Where a Generate node puts its rendered Mustache `template` for this turn."""
-    UserMessage = 0
-    SystemBeforeUser = 1
-    SystemPromptEnd = 2
-
-cdef dict _EV_PromptPlacement = {m.value: m for m in PromptPlacement}
-
-
 class NotifyClient(IntEnum):
-    """When a classify node fires NodeEvent (intent_classified / attributes_classified). Values 0/1 equal the pre-v16 bool (false/true)."""
+    """When a classify node fires NodeEvent (intent_classified / attributes_classified). Values 0/1 keep the meaning of the pre-v16 bool: false = never, true = on the found path."""
     Never = 0
-    Always = 1
-    OnFound = 2
+    OnFound = 1
+    Always = 2
 
 cdef dict _EV_NotifyClient = {m.value: m for m in NotifyClient}
-
-
-class SelectionStrategy(IntEnum):
-    """How a CannedResponse node picks its line each time it runs (state is per agent, per node)."""
-    Sequential = 0
-    Random = 1
-    ShuffleNoRepeat = 2
-
-cdef dict _EV_SelectionStrategy = {m.value: m for m in SelectionStrategy}
 
 
 class RetrievalMode(IntEnum):
@@ -272,23 +276,29 @@ class ModelRole(IntEnum):
 cdef dict _EV_ModelRole = {m.value: m for m in ModelRole}
 
 
-class EngineKind(IntEnum):
-    """Inference engine a catalog model runs on. Values outside this enum in model_config -> 2005."""
-    LlamaCpp = 0
-    SherpaOnnx = 1
-    Mock = 2
-    FasterWhisper = 3
+class InferenceEngine(IntEnum):
+    """Inference engine a catalog model runs on (the original's numbering; FasterWhisper is ours). Values outside this enum in model_config -> 2005."""
+    Mock = 0
+    LlamaCpp = 1
+    OnnxGenAI = 2
+    WindowsML = 3
+    OpenVino = 4
+    TensorRtLlm = 5
+    SherpaOnnx = 6
+    Supertonic = 7
+    FasterWhisper = 8
 
-cdef dict _EV_EngineKind = {m.value: m for m in EngineKind}
+cdef dict _EV_InferenceEngine = {m.value: m for m in InferenceEngine}
 
 
 class ModelStatus(IntEnum):
-    """Download / load state of a catalog model."""
-    NotDownloaded = 0
-    Downloading = 1
-    Downloaded = 2
-    Incomplete = 3
-    Loaded = 4
+    """Download / load state of a catalog model (the original's numbering)."""
+    Absent = 0
+    Local = 1
+    Downloading = 2
+    Loaded = 3
+    Downloaded = 4
+    Incomplete = 5
 
 cdef dict _EV_ModelStatus = {m.value: m for m in ModelStatus}
 
@@ -364,20 +374,20 @@ cdef dict _EV_Viseme = {m.value: m for m in Viseme}
 
 
 class NodeParams(IntEnum):
-    """The typed params of one node; the member picks the node type. Tag = position (NONE = 0); members are only ever appended."""
+    """The typed params of one node; the member picks the node type. Tag = position (NONE = 0). The first ten are the original's order; members are only ever appended."""
     NONE = 0
     GenerateParams = 1
-    CannedResponseParams = 2
-    InstructionParams = 3
-    HumanMessageGuardrailParams = 4
+    HumanMessageGuardrailParams = 2
+    CannedResponseParams = 3
+    ToolCallParams = 4
     RetrieveParams = 5
-    ClassifyIntentParams = 6
-    ClassifyIntentLLMParams = 7
-    IntentToInstructionParams = 8
-    ToolCallParams = 9
-    PauseParams = 10
+    InstructionParams = 6
+    ClassifyIntentParams = 7
+    ClassifyIntentLLMParams = 8
+    IntentToInstructionParams = 9
+    GenerateAndSpeakParams = 10
     SpeakParams = 11
-    GenerateAndSpeakParams = 12
+    PauseParams = 12
     WriteToMemoryParams = 13
     SummarizeParams = 14
     ClassifyAttributesLLMParams = 15
@@ -562,6 +572,270 @@ cdef VisemeCue _as_struct_VisemeCue(object x, str where):
 
 @cython.final
 @cython.no_gc
+cdef class ToolParamDefinition(Table):
+    """One parameter of a tool the model may call (rendered as a JSON-schema property)."""
+    cdef object _v_name
+    cdef object _v_type
+    cdef object _v_description
+    cdef object _v_required
+    cdef object _v_enum_values
+    FIELDS = ('name', 'type', 'description', 'required', 'enum_values', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, )
+    STRUCTURAL = frozenset(())
+
+    def __init__(self, *, name=None, type=None, description=None, required=None, enum_values=None):
+        self._v_name = name
+        self._v_type = type
+        self._v_description = description
+        self._v_required = required
+        self._v_enum_values = enum_values
+
+    @property
+    def name(self):
+        """name: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_name is None else self._v_name
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def type(self):
+        """JSON type name: string, number, integer, boolean, array, object. Empty = string."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_type is None else self._v_type
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
+    def description(self):
+        """description: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_description is None else self._v_description
+        return _rd_string(self._src, _tfield(self, 8, 4))
+
+    @property
+    def required(self):
+        """required: bool"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return True if self._v_required is None else self._v_required
+        p = _tfield(self, 10, 1)
+        if p == 0:
+            return True
+        return tf_ld_u8(self._src.buf + p) != 0
+
+    @property
+    def enum_values(self):
+        """Allowed values (JSON enum); empty = any value of `type`."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_enum_values is None else self._v_enum_values
+        p = _tfield(self, 12, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+
+@cython.final
+@cython.no_gc
+cdef class ToolDefinition(Table):
+    """A tool the model may call. The game carries the call out; the server only detects it."""
+    cdef object _v_name
+    cdef object _v_description
+    cdef object _v_parameters
+    FIELDS = ('name', 'description', 'parameters', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
+
+    def __init__(self, *, name=None, description=None, parameters=None):
+        self._v_name = name
+        self._v_description = description
+        self._v_parameters = parameters
+
+    @property
+    def name(self):
+        """name: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_name is None else self._v_name
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def description(self):
+        """description: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_description is None else self._v_description
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
+    def parameters(self):
+        """parameters: [ToolParamDefinition]"""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_parameters is None else self._v_parameters
+        p = _tfield(self, 8, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_vw_ToolParamDefinition(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+
+@cython.final
+@cython.no_gc
+cdef class SamplingOverrides(Table):
+    """Per-node overrides of the model's sampling settings. An absent field (null) keeps the model's own default_sampling value."""
+    cdef object _v_temperature
+    cdef object _v_top_p
+    cdef object _v_top_k
+    cdef object _v_min_p
+    cdef object _v_max_tokens
+    cdef object _v_seed
+    cdef object _v_repeat_penalty
+    cdef object _v_presence_penalty
+    cdef object _v_frequency_penalty
+    cdef object _v_stop
+    FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'stop', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    STRUCTURAL = frozenset(('max_tokens', ))
+
+    def __init__(self, *, temperature=None, top_p=None, top_k=None, min_p=None, max_tokens=None, seed=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, stop=None):
+        self._v_temperature = temperature
+        self._v_top_p = top_p
+        self._v_top_k = top_k
+        self._v_min_p = min_p
+        self._v_max_tokens = max_tokens
+        self._v_seed = seed
+        self._v_repeat_penalty = repeat_penalty
+        self._v_presence_penalty = presence_penalty
+        self._v_frequency_penalty = frequency_penalty
+        self._v_stop = stop
+
+    @property
+    def temperature(self):
+        """>= 0; 0 = greedy."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_temperature
+        p = _tfield(self, 4, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def top_p(self):
+        """0..1; 1 = disabled."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_top_p
+        p = _tfield(self, 6, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def top_k(self):
+        """>= 0; 0 = no top-k cut (whole vocabulary)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_top_k
+        p = _tfield(self, 8, 4)
+        if p == 0:
+            return None
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def min_p(self):
+        """0..1; 0 = disabled."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_min_p
+        p = _tfield(self, 10, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def max_tokens(self):
+        """Max tokens generated, > 0 and < the node's context size. Sizes the prompt budget, so it is fixed at creation even though the rest of `sampling` is mutable."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_max_tokens
+        p = _tfield(self, 12, 4)
+        if p == 0:
+            return None
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def seed(self):
+        """>= 0; 0 = a random seed per request, any other value reproduces the same sampling."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_seed
+        p = _tfield(self, 14, 4)
+        if p == 0:
+            return None
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def repeat_penalty(self):
+        """> 0; 1 = disabled."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_repeat_penalty
+        p = _tfield(self, 16, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def presence_penalty(self):
+        """0..2; 0 = disabled (negative penalties cannot be expressed)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_presence_penalty
+        p = _tfield(self, 18, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def frequency_penalty(self):
+        """0..2; 0 = disabled (negative penalties cannot be expressed)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_frequency_penalty
+        p = _tfield(self, 20, 4)
+        if p == 0:
+            return None
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
+    def stop(self):
+        """Stop strings; empty = the model's own. Non-empty replaces the model's own list (end-of-generation tokens always stop)."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_stop is None else self._v_stop
+        p = _tfield(self, 22, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+
+@cython.final
+@cython.no_gc
 cdef class LocalizableText(Table):
     """A text with an optional localization key (v29). The server always uses `text` verbatim; key/string_table are carried for editors and clients that re-localize."""
     cdef object _v_text
@@ -600,151 +874,6 @@ cdef class LocalizableText(Table):
         if self._src is None:
             return '' if self._v_string_table is None else self._v_string_table
         return _rd_string(self._src, _tfield(self, 8, 4))
-
-
-@cython.final
-@cython.no_gc
-cdef class SamplingOverrides(Table):
-    """Per-node overrides of the model's sampling settings. Every numeric field defaults to -1, and any negative value means "unset: keep the model's own default_sampling"."""
-    cdef object _v_temperature
-    cdef object _v_top_k
-    cdef object _v_top_p
-    cdef object _v_min_p
-    cdef object _v_repeat_penalty
-    cdef object _v_presence_penalty
-    cdef object _v_frequency_penalty
-    cdef object _v_seed
-    cdef object _v_max_tokens
-    cdef object _v_stop
-    FIELDS = ('temperature', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'seed', 'max_tokens', 'stop', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
-    STRUCTURAL = frozenset(('max_tokens', ))
-
-    def __init__(self, *, temperature=None, top_k=None, top_p=None, min_p=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None, max_tokens=None, stop=None):
-        self._v_temperature = temperature
-        self._v_top_k = top_k
-        self._v_top_p = top_p
-        self._v_min_p = min_p
-        self._v_repeat_penalty = repeat_penalty
-        self._v_presence_penalty = presence_penalty
-        self._v_frequency_penalty = frequency_penalty
-        self._v_seed = seed
-        self._v_max_tokens = max_tokens
-        self._v_stop = stop
-
-    @property
-    def temperature(self):
-        """>= 0; 0 = greedy."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_temperature is None else self._v_temperature
-        p = _tfield(self, 4, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def top_k(self):
-        """>= 0; 0 = no top-k cut (whole vocabulary)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1 if self._v_top_k is None else self._v_top_k
-        p = _tfield(self, 6, 4)
-        if p == 0:
-            return -1
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def top_p(self):
-        """0..1; 1 = disabled."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_top_p is None else self._v_top_p
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def min_p(self):
-        """0..1; 0 = disabled."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_min_p is None else self._v_min_p
-        p = _tfield(self, 10, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def repeat_penalty(self):
-        """> 0; 1 = disabled."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_repeat_penalty is None else self._v_repeat_penalty
-        p = _tfield(self, 12, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def presence_penalty(self):
-        """0..2; 0 = disabled (negative penalties cannot be expressed)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_presence_penalty is None else self._v_presence_penalty
-        p = _tfield(self, 14, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def frequency_penalty(self):
-        """0..2; 0 = disabled (negative penalties cannot be expressed)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1.0 if self._v_frequency_penalty is None else self._v_frequency_penalty
-        p = _tfield(self, 16, 4)
-        if p == 0:
-            return -1.0
-        return tf_ld_f32(self._src.buf + p)
-
-    @property
-    def seed(self):
-        """0..4294967295; 4294967295 = a random seed per request."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1 if self._v_seed is None else self._v_seed
-        p = _tfield(self, 18, 8)
-        if p == 0:
-            return -1
-        return tf_ld_i64(self._src.buf + p)
-
-    @property
-    def max_tokens(self):
-        """Max tokens generated, > 0 and < the node's context size. Sizes the prompt budget, so it is fixed at creation even though the rest of `sampling` is mutable."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return -1 if self._v_max_tokens is None else self._v_max_tokens
-        p = _tfield(self, 20, 4)
-        if p == 0:
-            return -1
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def stop(self):
-        """Stop strings; empty = the model's own. Non-empty replaces the model's own list (end-of-generation tokens always stop)."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_stop is None else self._v_stop
-        p = _tfield(self, 22, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
 
 
 @cython.final
@@ -904,125 +1033,6 @@ cdef class ModelAdaptation(Table):
 
 @cython.final
 @cython.no_gc
-cdef class ToolParamDefinition(Table):
-    """One parameter of a tool the model may call (rendered as a JSON-schema property)."""
-    cdef object _v_name
-    cdef object _v_param_type
-    cdef object _v_description
-    cdef object _v_required
-    cdef object _v_enum_values
-    FIELDS = ('name', 'param_type', 'description', 'required', 'enum_values', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
-    STRUCTURAL = frozenset(())
-
-    def __init__(self, *, name=None, param_type=None, description=None, required=None, enum_values=None):
-        self._v_name = name
-        self._v_param_type = param_type
-        self._v_description = description
-        self._v_required = required
-        self._v_enum_values = enum_values
-
-    @property
-    def name(self):
-        """name: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_name is None else self._v_name
-        return _rd_string(self._src, _tfield(self, 4, 4))
-
-    @property
-    def param_type(self):
-        """JSON type name: string, number, integer, boolean, array, object. Empty = string."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_param_type is None else self._v_param_type
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def description(self):
-        """description: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_description is None else self._v_description
-        return _rd_string(self._src, _tfield(self, 8, 4))
-
-    @property
-    def required(self):
-        """required: bool"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return True if self._v_required is None else self._v_required
-        p = _tfield(self, 10, 1)
-        if p == 0:
-            return True
-        return tf_ld_u8(self._src.buf + p) != 0
-
-    @property
-    def enum_values(self):
-        """Allowed values (JSON enum); empty = any value of param_type."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_enum_values is None else self._v_enum_values
-        p = _tfield(self, 12, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-
-@cython.final
-@cython.no_gc
-cdef class ToolDefinition(Table):
-    """A tool the model may call. The game carries the call out; the server only detects it."""
-    cdef object _v_name
-    cdef object _v_description
-    cdef object _v_parameters
-    FIELDS = ('name', 'description', 'parameters', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
-    STRUCTURAL = frozenset(())
-
-    def __init__(self, *, name=None, description=None, parameters=None):
-        self._v_name = name
-        self._v_description = description
-        self._v_parameters = parameters
-
-    @property
-    def name(self):
-        """name: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_name is None else self._v_name
-        return _rd_string(self._src, _tfield(self, 4, 4))
-
-    @property
-    def description(self):
-        """description: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_description is None else self._v_description
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def parameters(self):
-        """parameters: [ToolParamDefinition]"""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_parameters is None else self._v_parameters
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_vw_ToolParamDefinition(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-
-@cython.final
-@cython.no_gc
 cdef class AttributeDefinition(Table):
     """One attribute a ClassifyAttributesLLM node classifies: a letter-choice question whose answer letter A, B, C... maps to options[0], options[1], options[2]..."""
     cdef object _v_name
@@ -1100,33 +1110,33 @@ cdef class AttributeDefinition(Table):
 cdef class GenerateParams(Table):
     """Generate: runs the language model on the projected dialog and appends the reply."""
     cdef object _v_model_name
-    cdef object _v_input
-    cdef object _v_context_size
     cdef object _v_system_prompt
     cdef object _v_template
     cdef object _v_placement
-    cdef object _v_send
     cdef object _v_sampling
-    cdef object _v_context
     cdef object _v_default_exit
     cdef object _v_adaptation
-    FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'default_exit', 'adaptation', )
+    cdef object _v_input
+    cdef object _v_context_size
+    cdef object _v_send
+    cdef object _v_context
+    FIELDS = ('model_name', 'system_prompt', 'template', 'placement', 'sampling', 'default_exit', 'adaptation', 'input', 'context_size', 'send', 'context', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
-    STRUCTURAL = frozenset(('model_name', 'input', 'context_size', 'context', 'default_exit', 'adaptation', ))
+    _VOFFSETS = (4, 6, 8, 10, 14, 16, 18, 20, 22, 24, 26, )
+    STRUCTURAL = frozenset(('model_name', 'default_exit', 'adaptation', 'input', 'context_size', 'context', ))
 
-    def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, default_exit=None, adaptation=None):
+    def __init__(self, *, model_name=None, system_prompt=None, template=None, placement=None, sampling=None, default_exit=None, adaptation=None, input=None, context_size=None, send=None, context=None):
         self._v_model_name = model_name
-        self._v_input = input
-        self._v_context_size = context_size
         self._v_system_prompt = system_prompt
         self._v_template = template
         self._v_placement = placement
-        self._v_send = send
         self._v_sampling = sampling
-        self._v_context = context
         self._v_default_exit = default_exit
         self._v_adaptation = adaptation
+        self._v_input = input
+        self._v_context_size = context_size
+        self._v_send = send
+        self._v_context = context
 
     @property
     def model_name(self):
@@ -1137,31 +1147,12 @@ cdef class GenerateParams(Table):
         return _rd_string(self._src, _tfield(self, 4, 4))
 
     @property
-    def input(self):
-        """Slot projected as the user turn; empty = user_message (the player's message)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_input is None else self._v_input
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def context_size(self):
-        """Context window in tokens; 0 = the model variant's / server default_n_ctx."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_context_size is None else self._v_context_size
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 0
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
     def system_prompt(self):
         """Empty = no system message."""
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_system_prompt is None else self._v_system_prompt
-        return _rd_string(self._src, _tfield(self, 10, 4))
+        return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
     def template(self):
@@ -1169,31 +1160,19 @@ cdef class GenerateParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_template is None else self._v_template
-        return _rd_string(self._src, _tfield(self, 12, 4))
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
     @property
     def placement(self):
-        """placement: PromptPlacement"""
+        """placement: Placement"""
         cdef Py_ssize_t p
         if self._src is None:
-            return PromptPlacement.UserMessage if self._v_placement is None else self._v_placement
-        p = _tfield(self, 14, 1)
+            return Placement.BeforeUserAsSystem if self._v_placement is None else self._v_placement
+        p = _tfield(self, 10, 1)
         if p == 0:
-            return PromptPlacement.UserMessage
+            return Placement.BeforeUserAsSystem
         v = tf_ld_u8(self._src.buf + p)
-        return _EV_PromptPlacement.get(v, v)
-
-    @property
-    def send(self):
-        """send: SendMode"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return SendMode.Streamed if self._v_send is None else self._v_send
-        p = _tfield(self, 16, 1)
-        if p == 0:
-            return SendMode.Streamed
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_SendMode.get(v, v)
+        return _EV_Placement.get(v, v)
 
     @property
     def sampling(self):
@@ -1201,17 +1180,8 @@ cdef class GenerateParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return self._v_sampling
-        p = _tfield(self, 18, 4)
+        p = _tfield(self, 14, 4)
         return _vw_SamplingOverrides(self._src, _rd_target(self._src, p)) if p else None
-
-    @property
-    def context(self):
-        """context: ContextOverrides"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_context
-        p = _tfield(self, 20, 4)
-        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
 
     @property
     def default_exit(self):
@@ -1219,7 +1189,7 @@ cdef class GenerateParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_default_exit is None else self._v_default_exit
-        return _rd_string(self._src, _tfield(self, 22, 4))
+        return _rd_string(self._src, _tfield(self, 16, 4))
 
     @property
     def adaptation(self):
@@ -1227,8 +1197,106 @@ cdef class GenerateParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return self._v_adaptation
-        p = _tfield(self, 24, 4)
+        p = _tfield(self, 18, 4)
         return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def input(self):
+        """Slot projected as the user turn; empty = user_message (the player's message)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_input is None else self._v_input
+        return _rd_string(self._src, _tfield(self, 20, 4))
+
+    @property
+    def context_size(self):
+        """Context window in tokens; 0 = the model variant's / server default_n_ctx."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_context_size is None else self._v_context_size
+        p = _tfield(self, 22, 4)
+        if p == 0:
+            return 0
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def send(self):
+        """send: SendMode"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return SendMode.Streamed if self._v_send is None else self._v_send
+        p = _tfield(self, 24, 1)
+        if p == 0:
+            return SendMode.Streamed
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_SendMode.get(v, v)
+
+    @property
+    def context(self):
+        """context: ContextOverrides"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_context
+        p = _tfield(self, 26, 4)
+        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
+
+
+@cython.final
+@cython.no_gc
+cdef class HumanMessageGuardrailParams(Table):
+    """HumanMessageGuardrail: case-insensitive regex search over the player's message; pure routing. An invalid regex fails CreateAgent with 3003 (ChangeAgentParam: 3007)."""
+    cdef object _v_string_storage
+    cdef object _v_inline_strings
+    cdef object _v_triggered_exit
+    cdef object _v_not_triggered_exit
+    FIELDS = ('string_storage', 'inline_strings', 'triggered_exit', 'not_triggered_exit', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, 10, )
+    STRUCTURAL = frozenset(('string_storage', 'triggered_exit', 'not_triggered_exit', ))
+
+    def __init__(self, *, string_storage=None, inline_strings=None, triggered_exit=None, not_triggered_exit=None):
+        self._v_string_storage = string_storage
+        self._v_inline_strings = inline_strings
+        self._v_triggered_exit = triggered_exit
+        self._v_not_triggered_exit = not_triggered_exit
+
+    @property
+    def string_storage(self):
+        """List StringStorage of patterns, one per line; its patterns add to inline_strings."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_string_storage is None else self._v_string_storage
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def inline_strings(self):
+        """Inline regex patterns."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_inline_strings is None else self._v_inline_strings
+        p = _tfield(self, 6, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+    @property
+    def triggered_exit(self):
+        """triggered_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_triggered_exit is None else self._v_triggered_exit
+        return _rd_string(self._src, _tfield(self, 8, 4))
+
+    @property
+    def not_triggered_exit(self):
+        """not_triggered_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_not_triggered_exit is None else self._v_not_triggered_exit
+        return _rd_string(self._src, _tfield(self, 10, 4))
 
 
 @cython.final
@@ -1260,15 +1328,15 @@ cdef class CannedResponseParams(Table):
 
     @property
     def selection_strategy(self):
-        """selection_strategy: SelectionStrategy"""
+        """selection_strategy: CannedResponseSelectionStrategy"""
         cdef Py_ssize_t p
         if self._src is None:
-            return SelectionStrategy.Sequential if self._v_selection_strategy is None else self._v_selection_strategy
+            return CannedResponseSelectionStrategy.RoundRobin if self._v_selection_strategy is None else self._v_selection_strategy
         p = _tfield(self, 8, 1)
         if p == 0:
-            return SelectionStrategy.Sequential
+            return CannedResponseSelectionStrategy.RoundRobin
         v = tf_ld_u8(self._src.buf + p)
-        return _EV_SelectionStrategy.get(v, v)
+        return _EV_CannedResponseSelectionStrategy.get(v, v)
 
     @property
     def default_exit(self):
@@ -1295,102 +1363,190 @@ cdef class CannedResponseParams(Table):
 
 @cython.final
 @cython.no_gc
-cdef class InstructionParams(Table):
-    """Instruction: attaches {name, text} to the turn for later Generate templates (Mustache keys `instruction_<name>` and the `instructions` section)."""
-    cdef object _v_instruction_name
-    cdef object _v_text
-    cdef object _v_default_exit
-    FIELDS = ('instruction_name', 'text', 'default_exit', )
+cdef class ToolCallParams(Table):
+    """ToolCall: detects whether the model wants to call one of `tools` (never executes it)."""
+    cdef object _v_model_name
+    cdef object _v_system_prompt
+    cdef object _v_tools
+    cdef object _v_disposition
+    cdef object _v_sampling
+    cdef object _v_tool_called_exit
+    cdef object _v_no_tool_called_exit
+    cdef object _v_pause_timeout_ms
+    cdef object _v_adaptation
+    cdef object _v_input
+    cdef object _v_context_size
+    cdef object _v_mode
+    cdef object _v_parallel_tool_calls
+    cdef object _v_acknowledge_text
+    cdef object _v_context
+    FIELDS = ('model_name', 'system_prompt', 'tools', 'disposition', 'sampling', 'tool_called_exit', 'no_tool_called_exit', 'pause_timeout_ms', 'adaptation', 'input', 'context_size', 'mode', 'parallel_tool_calls', 'acknowledge_text', 'context', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
-    STRUCTURAL = frozenset(('default_exit', ))
+    _VOFFSETS = (4, 6, 10, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, )
+    STRUCTURAL = frozenset(('model_name', 'tools', 'tool_called_exit', 'no_tool_called_exit', 'pause_timeout_ms', 'adaptation', 'input', 'context_size', 'context', ))
 
-    def __init__(self, *, instruction_name=None, text=None, default_exit=None):
-        self._v_instruction_name = instruction_name
-        self._v_text = text
-        self._v_default_exit = default_exit
+    def __init__(self, *, model_name=None, system_prompt=None, tools=None, disposition=None, sampling=None, tool_called_exit=None, no_tool_called_exit=None, pause_timeout_ms=None, adaptation=None, input=None, context_size=None, mode=None, parallel_tool_calls=None, acknowledge_text=None, context=None):
+        self._v_model_name = model_name
+        self._v_system_prompt = system_prompt
+        self._v_tools = tools
+        self._v_disposition = disposition
+        self._v_sampling = sampling
+        self._v_tool_called_exit = tool_called_exit
+        self._v_no_tool_called_exit = no_tool_called_exit
+        self._v_pause_timeout_ms = pause_timeout_ms
+        self._v_adaptation = adaptation
+        self._v_input = input
+        self._v_context_size = context_size
+        self._v_mode = mode
+        self._v_parallel_tool_calls = parallel_tool_calls
+        self._v_acknowledge_text = acknowledge_text
+        self._v_context = context
 
     @property
-    def instruction_name(self):
-        """Empty = the node's name."""
+    def model_name(self):
+        """Empty = the agent's default model."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_instruction_name is None else self._v_instruction_name
+            return '' if self._v_model_name is None else self._v_model_name
         return _rd_string(self._src, _tfield(self, 4, 4))
 
     @property
-    def text(self):
-        """Mustache-rendered (keys such as var.<name>) when the node runs."""
+    def system_prompt(self):
+        """Empty = no system message."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_text is None else self._v_text
+            return '' if self._v_system_prompt is None else self._v_system_prompt
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
-    def default_exit(self):
-        """default_exit: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_default_exit is None else self._v_default_exit
-        return _rd_string(self._src, _tfield(self, 8, 4))
-
-
-@cython.final
-@cython.no_gc
-cdef class HumanMessageGuardrailParams(Table):
-    """HumanMessageGuardrail: case-insensitive regex search over the player's message; pure routing. An invalid regex fails CreateAgent with 3003 (ChangeAgentParam: 3007)."""
-    cdef object _v_string_storage
-    cdef object _v_patterns
-    cdef object _v_triggered_exit
-    cdef object _v_not_triggered_exit
-    FIELDS = ('string_storage', 'patterns', 'triggered_exit', 'not_triggered_exit', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, )
-    STRUCTURAL = frozenset(('string_storage', 'triggered_exit', 'not_triggered_exit', ))
-
-    def __init__(self, *, string_storage=None, patterns=None, triggered_exit=None, not_triggered_exit=None):
-        self._v_string_storage = string_storage
-        self._v_patterns = patterns
-        self._v_triggered_exit = triggered_exit
-        self._v_not_triggered_exit = not_triggered_exit
-
-    @property
-    def string_storage(self):
-        """List StringStorage of patterns, one per line; its patterns add to `patterns`."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_string_storage is None else self._v_string_storage
-        return _rd_string(self._src, _tfield(self, 4, 4))
-
-    @property
-    def patterns(self):
-        """Inline regex patterns."""
+    def tools(self):
+        """tools: [ToolDefinition]"""
         cdef Py_ssize_t p
         cdef Py_ssize_t target, n, i
         if self._src is None:
-            return () if self._v_patterns is None else self._v_patterns
-        p = _tfield(self, 6, 4)
+            return () if self._v_tools is None else self._v_tools
+        p = _tfield(self, 10, 4)
         if p == 0:
             return ()
         target = _rd_target(self._src, p)
         n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+        return tuple([_vw_ToolDefinition(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
 
     @property
-    def triggered_exit(self):
-        """triggered_exit: string"""
+    def disposition(self):
+        """v9: replaced notify_client (this slot), pause_after_tool_call and history_policy."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_triggered_exit is None else self._v_triggered_exit
-        return _rd_string(self._src, _tfield(self, 8, 4))
+            return ToolCallDisposition.Acknowledge if self._v_disposition is None else self._v_disposition
+        p = _tfield(self, 14, 1)
+        if p == 0:
+            return ToolCallDisposition.Acknowledge
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_ToolCallDisposition.get(v, v)
 
     @property
-    def not_triggered_exit(self):
-        """not_triggered_exit: string"""
+    def sampling(self):
+        """max_tokens unset = the model's default_sampling.max_tokens (758 built in)."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_not_triggered_exit is None else self._v_not_triggered_exit
-        return _rd_string(self._src, _tfield(self, 10, 4))
+            return self._v_sampling
+        p = _tfield(self, 16, 4)
+        return _vw_SamplingOverrides(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def tool_called_exit(self):
+        """tool_called_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_tool_called_exit is None else self._v_tool_called_exit
+        return _rd_string(self._src, _tfield(self, 18, 4))
+
+    @property
+    def no_tool_called_exit(self):
+        """no_tool_called_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_no_tool_called_exit is None else self._v_no_tool_called_exit
+        return _rd_string(self._src, _tfield(self, 20, 4))
+
+    @property
+    def pause_timeout_ms(self):
+        """Pause deadline for pausing dispositions (v12); 0 = server workflow.tool_call_pause_timeout_ms (0 = forever). Expiry ends the turn with PauseTimedOut (no timeout exit)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_pause_timeout_ms is None else self._v_pause_timeout_ms
+        p = _tfield(self, 22, 4)
+        if p == 0:
+            return 0
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def adaptation(self):
+        """adaptation: ModelAdaptation"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_adaptation
+        p = _tfield(self, 24, 4)
+        return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def input(self):
+        """Slot the model reads; empty = user_message (the player's message)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_input is None else self._v_input
+        return _rd_string(self._src, _tfield(self, 26, 4))
+
+    @property
+    def context_size(self):
+        """Context window in tokens; 0 = 2048 (never the variant / server window)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_context_size is None else self._v_context_size
+        p = _tfield(self, 28, 4)
+        if p == 0:
+            return 0
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def mode(self):
+        """mode: ToolCallMode"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return ToolCallMode.CallOrAnswer if self._v_mode is None else self._v_mode
+        p = _tfield(self, 30, 1)
+        if p == 0:
+            return ToolCallMode.CallOrAnswer
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_ToolCallMode.get(v, v)
+
+    @property
+    def parallel_tool_calls(self):
+        """Allow several calls in one turn, if the chat template supports it."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return False if self._v_parallel_tool_calls is None else self._v_parallel_tool_calls
+        p = _tfield(self, 32, 1)
+        if p == 0:
+            return False
+        return tf_ld_u8(self._src.buf + p) != 0
+
+    @property
+    def acknowledge_text(self):
+        """History text of the ...Acknowledge dispositions; empty = "ok"."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_acknowledge_text is None else self._v_acknowledge_text
+        return _rd_string(self._src, _tfield(self, 34, 4))
+
+    @property
+    def context(self):
+        """context: ContextOverrides"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_context
+        p = _tfield(self, 36, 4)
+        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
 
 
 @cython.final
@@ -1432,7 +1588,7 @@ cdef class RetrieveParams(Table):
 
     @property
     def top_k(self):
-        """Max records attached."""
+        """Max records attached (1..1000)."""
         cdef Py_ssize_t p
         if self._src is None:
             return 2 if self._v_top_k is None else self._v_top_k
@@ -1454,7 +1610,7 @@ cdef class RetrieveParams(Table):
 
     @property
     def retrieval_mode(self):
-        """retrieval_mode: RetrievalMode"""
+        """v10: inserted before `source`."""
         cdef Py_ssize_t p
         if self._src is None:
             return RetrievalMode.Vector if self._v_retrieval_mode is None else self._v_retrieval_mode
@@ -1510,6 +1666,48 @@ cdef class RetrieveParams(Table):
 
 @cython.final
 @cython.no_gc
+cdef class InstructionParams(Table):
+    """Instruction: attaches {name, text} to the turn for later Generate templates (Mustache keys `instruction_<name>` and the `instructions` section)."""
+    cdef object _v_instruction_name
+    cdef object _v_instruction
+    cdef object _v_default_exit
+    FIELDS = ('instruction_name', 'instruction', 'default_exit', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(('default_exit', ))
+
+    def __init__(self, *, instruction_name=None, instruction=None, default_exit=None):
+        self._v_instruction_name = instruction_name
+        self._v_instruction = instruction
+        self._v_default_exit = default_exit
+
+    @property
+    def instruction_name(self):
+        """Empty = the node's name."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_instruction_name is None else self._v_instruction_name
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def instruction(self):
+        """Mustache-rendered (keys such as var.<name>) when the node runs."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_instruction is None else self._v_instruction
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
+    def default_exit(self):
+        """default_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_default_exit is None else self._v_default_exit
+        return _rd_string(self._src, _tfield(self, 8, 4))
+
+
+@cython.final
+@cython.no_gc
 cdef class ClassifyIntentParams(Table):
     """ClassifyIntent: top-1 embedding match of the player's message against a labelled KB; the record's label becomes the turn's intent."""
     cdef object _v_embedded_string_storage
@@ -1517,19 +1715,21 @@ cdef class ClassifyIntentParams(Table):
     cdef object _v_threshold
     cdef object _v_filter
     cdef object _v_notify_client
+    cdef object _v_diagnostic_topk
     cdef object _v_found_exit
     cdef object _v_not_found_exit
-    FIELDS = ('embedded_string_storage', 'metadata_field', 'threshold', 'filter', 'notify_client', 'found_exit', 'not_found_exit', )
+    FIELDS = ('embedded_string_storage', 'metadata_field', 'threshold', 'filter', 'notify_client', 'diagnostic_topk', 'found_exit', 'not_found_exit', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, )
     STRUCTURAL = frozenset(('embedded_string_storage', 'found_exit', 'not_found_exit', ))
 
-    def __init__(self, *, embedded_string_storage=None, metadata_field=None, threshold=None, filter=None, notify_client=None, found_exit=None, not_found_exit=None):
+    def __init__(self, *, embedded_string_storage=None, metadata_field=None, threshold=None, filter=None, notify_client=None, diagnostic_topk=None, found_exit=None, not_found_exit=None):
         self._v_embedded_string_storage = embedded_string_storage
         self._v_metadata_field = metadata_field
         self._v_threshold = threshold
         self._v_filter = filter
         self._v_notify_client = notify_client
+        self._v_diagnostic_topk = diagnostic_topk
         self._v_found_exit = found_exit
         self._v_not_found_exit = not_found_exit
 
@@ -1570,7 +1770,7 @@ cdef class ClassifyIntentParams(Table):
 
     @property
     def notify_client(self):
-        """notify_client: NotifyClient"""
+        """v16: was a bool (false = Never, true = OnFound)."""
         cdef Py_ssize_t p
         if self._src is None:
             return NotifyClient.Never if self._v_notify_client is None else self._v_notify_client
@@ -1581,12 +1781,23 @@ cdef class ClassifyIntentParams(Table):
         return _EV_NotifyClient.get(v, v)
 
     @property
+    def diagnostic_topk(self):
+        """Hits reported in diagnostics (1..64); routing always uses the top one."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 5 if self._v_diagnostic_topk is None else self._v_diagnostic_topk
+        p = _tfield(self, 14, 4)
+        if p == 0:
+            return 5
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
     def found_exit(self):
         """found_exit: string"""
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_found_exit is None else self._v_found_exit
-        return _rd_string(self._src, _tfield(self, 14, 4))
+        return _rd_string(self._src, _tfield(self, 16, 4))
 
     @property
     def not_found_exit(self):
@@ -1594,57 +1805,49 @@ cdef class ClassifyIntentParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_not_found_exit is None else self._v_not_found_exit
-        return _rd_string(self._src, _tfield(self, 16, 4))
+        return _rd_string(self._src, _tfield(self, 18, 4))
 
 
 @cython.final
 @cython.no_gc
 cdef class ClassifyIntentLLMParams(Table):
     """ClassifyIntentLLM: one forward pass; first-token probabilities over letters A, B, C... (one per intent) pick the intent."""
-    cdef object _v_input
     cdef object _v_model_name
-    cdef object _v_context_size
-    cdef object _v_system_prompt
     cdef object _v_intents_ids
-    cdef object _v_intents_descriptions
+    cdef object _v_intents_prompt
+    cdef object _v_system_prompt
+    cdef object _v_history_turns
     cdef object _v_threshold
     cdef object _v_margin
-    cdef object _v_history_turns
-    cdef object _v_not_found_intent
     cdef object _v_notify_client
-    cdef object _v_context
+    cdef object _v_not_found_intent
     cdef object _v_found_exit
     cdef object _v_not_found_exit
     cdef object _v_adaptation
-    FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'intents_ids', 'intents_descriptions', 'threshold', 'margin', 'history_turns', 'not_found_intent', 'notify_client', 'context', 'found_exit', 'not_found_exit', 'adaptation', )
+    cdef object _v_input
+    cdef object _v_context_size
+    cdef object _v_context
+    FIELDS = ('model_name', 'intents_ids', 'intents_prompt', 'system_prompt', 'history_turns', 'threshold', 'margin', 'notify_client', 'not_found_intent', 'found_exit', 'not_found_exit', 'adaptation', 'input', 'context_size', 'context', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, )
-    STRUCTURAL = frozenset(('input', 'model_name', 'context_size', 'context', 'found_exit', 'not_found_exit', 'adaptation', ))
+    STRUCTURAL = frozenset(('model_name', 'intents_ids', 'intents_prompt', 'found_exit', 'not_found_exit', 'adaptation', 'input', 'context_size', 'context', ))
 
-    def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, intents_ids=None, intents_descriptions=None, threshold=None, margin=None, history_turns=None, not_found_intent=None, notify_client=None, context=None, found_exit=None, not_found_exit=None, adaptation=None):
-        self._v_input = input
+    def __init__(self, *, model_name=None, intents_ids=None, intents_prompt=None, system_prompt=None, history_turns=None, threshold=None, margin=None, notify_client=None, not_found_intent=None, found_exit=None, not_found_exit=None, adaptation=None, input=None, context_size=None, context=None):
         self._v_model_name = model_name
-        self._v_context_size = context_size
-        self._v_system_prompt = system_prompt
         self._v_intents_ids = intents_ids
-        self._v_intents_descriptions = intents_descriptions
+        self._v_intents_prompt = intents_prompt
+        self._v_system_prompt = system_prompt
+        self._v_history_turns = history_turns
         self._v_threshold = threshold
         self._v_margin = margin
-        self._v_history_turns = history_turns
-        self._v_not_found_intent = not_found_intent
         self._v_notify_client = notify_client
-        self._v_context = context
+        self._v_not_found_intent = not_found_intent
         self._v_found_exit = found_exit
         self._v_not_found_exit = not_found_exit
         self._v_adaptation = adaptation
-
-    @property
-    def input(self):
-        """Slot classified; empty = user_message."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_input is None else self._v_input
-        return _rd_string(self._src, _tfield(self, 4, 4))
+        self._v_input = input
+        self._v_context_size = context_size
+        self._v_context = context
 
     @property
     def model_name(self):
@@ -1652,18 +1855,23 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_model_name is None else self._v_model_name
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def intents_ids(self):
+        """Comma-separated intent labels; letter A = the first."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_intents_ids is None else self._v_intents_ids
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
-    def context_size(self):
-        """0 = the model variant's / server default_n_ctx."""
+    def intents_prompt(self):
+        """Comma-separated text shown beside each letter, parallel to intents_ids; empty = the ids."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_context_size is None else self._v_context_size
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 0
-        return tf_ld_i32(self._src.buf + p)
+            return '' if self._v_intents_prompt is None else self._v_intents_prompt
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
     @property
     def system_prompt(self):
@@ -1674,32 +1882,15 @@ cdef class ClassifyIntentLLMParams(Table):
         return _rd_string(self._src, _tfield(self, 10, 4))
 
     @property
-    def intents_ids(self):
-        """Intent labels; letter A = intents_ids[0]."""
+    def history_turns(self):
+        """Earlier interactions shown to the model; 0 = only the current message."""
         cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
         if self._src is None:
-            return () if self._v_intents_ids is None else self._v_intents_ids
+            return 2 if self._v_history_turns is None else self._v_history_turns
         p = _tfield(self, 12, 4)
         if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-    @property
-    def intents_descriptions(self):
-        """Text shown beside each letter, parallel to intents_ids; empty = show the id."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_intents_descriptions is None else self._v_intents_descriptions
-        p = _tfield(self, 14, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+            return 2
+        return tf_ld_i32(self._src.buf + p)
 
     @property
     def threshold(self):
@@ -1707,7 +1898,7 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0.5 if self._v_threshold is None else self._v_threshold
-        p = _tfield(self, 16, 4)
+        p = _tfield(self, 14, 4)
         if p == 0:
             return 0.5
         return tf_ld_f32(self._src.buf + p)
@@ -1718,21 +1909,22 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0.15 if self._v_margin is None else self._v_margin
-        p = _tfield(self, 18, 4)
+        p = _tfield(self, 16, 4)
         if p == 0:
             return 0.15
         return tf_ld_f32(self._src.buf + p)
 
     @property
-    def history_turns(self):
-        """Earlier interactions shown to the model; 0 = only the current message."""
+    def notify_client(self):
+        """v16: was a bool (false = Never, true = OnFound)."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 2 if self._v_history_turns is None else self._v_history_turns
-        p = _tfield(self, 20, 4)
+            return NotifyClient.Never if self._v_notify_client is None else self._v_notify_client
+        p = _tfield(self, 18, 1)
         if p == 0:
-            return 2
-        return tf_ld_i32(self._src.buf + p)
+            return NotifyClient.Never
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_NotifyClient.get(v, v)
 
     @property
     def not_found_intent(self):
@@ -1740,28 +1932,7 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_not_found_intent is None else self._v_not_found_intent
-        return _rd_string(self._src, _tfield(self, 22, 4))
-
-    @property
-    def notify_client(self):
-        """notify_client: NotifyClient"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return NotifyClient.Never if self._v_notify_client is None else self._v_notify_client
-        p = _tfield(self, 24, 1)
-        if p == 0:
-            return NotifyClient.Never
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_NotifyClient.get(v, v)
-
-    @property
-    def context(self):
-        """context: ContextOverrides"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_context
-        p = _tfield(self, 26, 4)
-        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
+        return _rd_string(self._src, _tfield(self, 20, 4))
 
     @property
     def found_exit(self):
@@ -1769,7 +1940,7 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_found_exit is None else self._v_found_exit
-        return _rd_string(self._src, _tfield(self, 28, 4))
+        return _rd_string(self._src, _tfield(self, 22, 4))
 
     @property
     def not_found_exit(self):
@@ -1777,7 +1948,7 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_not_found_exit is None else self._v_not_found_exit
-        return _rd_string(self._src, _tfield(self, 30, 4))
+        return _rd_string(self._src, _tfield(self, 24, 4))
 
     @property
     def adaptation(self):
@@ -1785,8 +1956,36 @@ cdef class ClassifyIntentLLMParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return self._v_adaptation
-        p = _tfield(self, 32, 4)
+        p = _tfield(self, 26, 4)
         return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def input(self):
+        """Slot classified; empty = user_message."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_input is None else self._v_input
+        return _rd_string(self._src, _tfield(self, 28, 4))
+
+    @property
+    def context_size(self):
+        """0 = the model variant's / server default_n_ctx."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_context_size is None else self._v_context_size
+        p = _tfield(self, 30, 4)
+        if p == 0:
+            return 0
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def context(self):
+        """context: ContextOverrides"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_context
+        p = _tfield(self, 32, 4)
+        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
 
 
 @cython.final
@@ -1865,52 +2064,40 @@ cdef class IntentToInstructionParams(Table):
 
 @cython.final
 @cython.no_gc
-cdef class ToolCallParams(Table):
-    """ToolCall: detects whether the model wants to call one of `tools` (never executes it). Implements seed 003 exactly."""
-    cdef object _v_input
+cdef class GenerateAndSpeakParams(Table):
+    """GenerateAndSpeak: Generate plus sentence segmentation and TTS overlapped with generation. v27 removed its voice fields (the voice is the agent's VoiceProfile)."""
     cdef object _v_model_name
-    cdef object _v_context_size
     cdef object _v_system_prompt
-    cdef object _v_tools
-    cdef object _v_mode
-    cdef object _v_parallel_tool_calls
-    cdef object _v_disposition
-    cdef object _v_acknowledge_text
-    cdef object _v_pause_timeout_ms
+    cdef object _v_template
+    cdef object _v_placement
     cdef object _v_sampling
-    cdef object _v_context
-    cdef object _v_tool_called_exit
-    cdef object _v_no_tool_called_exit
+    cdef object _v_min_sentence_chars
+    cdef object _v_default_exit
+    cdef object _v_first_chunk_max_chars
     cdef object _v_adaptation
-    FIELDS = ('input', 'model_name', 'context_size', 'system_prompt', 'tools', 'mode', 'parallel_tool_calls', 'disposition', 'acknowledge_text', 'pause_timeout_ms', 'sampling', 'context', 'tool_called_exit', 'no_tool_called_exit', 'adaptation', )
+    cdef object _v_input
+    cdef object _v_context_size
+    cdef object _v_send
+    cdef object _v_context
+    FIELDS = ('model_name', 'system_prompt', 'template', 'placement', 'sampling', 'min_sentence_chars', 'default_exit', 'first_chunk_max_chars', 'adaptation', 'input', 'context_size', 'send', 'context', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, )
-    STRUCTURAL = frozenset(('input', 'model_name', 'context_size', 'tools', 'pause_timeout_ms', 'context', 'tool_called_exit', 'no_tool_called_exit', 'adaptation', ))
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, )
+    STRUCTURAL = frozenset(('model_name', 'default_exit', 'adaptation', 'input', 'context_size', 'context', ))
 
-    def __init__(self, *, input=None, model_name=None, context_size=None, system_prompt=None, tools=None, mode=None, parallel_tool_calls=None, disposition=None, acknowledge_text=None, pause_timeout_ms=None, sampling=None, context=None, tool_called_exit=None, no_tool_called_exit=None, adaptation=None):
-        self._v_input = input
+    def __init__(self, *, model_name=None, system_prompt=None, template=None, placement=None, sampling=None, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None, adaptation=None, input=None, context_size=None, send=None, context=None):
         self._v_model_name = model_name
-        self._v_context_size = context_size
         self._v_system_prompt = system_prompt
-        self._v_tools = tools
-        self._v_mode = mode
-        self._v_parallel_tool_calls = parallel_tool_calls
-        self._v_disposition = disposition
-        self._v_acknowledge_text = acknowledge_text
-        self._v_pause_timeout_ms = pause_timeout_ms
+        self._v_template = template
+        self._v_placement = placement
         self._v_sampling = sampling
-        self._v_context = context
-        self._v_tool_called_exit = tool_called_exit
-        self._v_no_tool_called_exit = no_tool_called_exit
+        self._v_min_sentence_chars = min_sentence_chars
+        self._v_default_exit = default_exit
+        self._v_first_chunk_max_chars = first_chunk_max_chars
         self._v_adaptation = adaptation
-
-    @property
-    def input(self):
-        """Slot the model reads; empty = user_message (the player's message)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_input is None else self._v_input
-        return _rd_string(self._src, _tfield(self, 4, 4))
+        self._v_input = input
+        self._v_context_size = context_size
+        self._v_send = send
+        self._v_context = context
 
     @property
     def model_name(self):
@@ -1918,103 +2105,114 @@ cdef class ToolCallParams(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_model_name is None else self._v_model_name
+        return _rd_string(self._src, _tfield(self, 4, 4))
+
+    @property
+    def system_prompt(self):
+        """system_prompt: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_system_prompt is None else self._v_system_prompt
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
-    def context_size(self):
-        """Context window in tokens; 0 = 2048 (never the variant / server window)."""
+    def template(self):
+        """Mustache template placed by `placement`; empty = none."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_context_size is None else self._v_context_size
-        p = _tfield(self, 8, 4)
+            return '' if self._v_template is None else self._v_template
+        return _rd_string(self._src, _tfield(self, 8, 4))
+
+    @property
+    def placement(self):
+        """placement: Placement"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return Placement.BeforeUserAsSystem if self._v_placement is None else self._v_placement
+        p = _tfield(self, 10, 1)
+        if p == 0:
+            return Placement.BeforeUserAsSystem
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_Placement.get(v, v)
+
+    @property
+    def sampling(self):
+        """sampling: SamplingOverrides"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_sampling
+        p = _tfield(self, 12, 4)
+        return _vw_SamplingOverrides(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def min_sentence_chars(self):
+        """Shorter sentences are merged with the next before synthesis."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 12 if self._v_min_sentence_chars is None else self._v_min_sentence_chars
+        p = _tfield(self, 14, 4)
+        if p == 0:
+            return 12
+        return tf_ld_i32(self._src.buf + p)
+
+    @property
+    def default_exit(self):
+        """default_exit: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_default_exit is None else self._v_default_exit
+        return _rd_string(self._src, _tfield(self, 16, 4))
+
+    @property
+    def first_chunk_max_chars(self):
+        """Cap on the first synthesized chunk for faster first audio (v25); 0 = no cap."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_first_chunk_max_chars is None else self._v_first_chunk_max_chars
+        p = _tfield(self, 18, 4)
         if p == 0:
             return 0
         return tf_ld_i32(self._src.buf + p)
 
     @property
-    def system_prompt(self):
-        """Empty = no system message."""
+    def adaptation(self):
+        """adaptation: ModelAdaptation"""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_system_prompt is None else self._v_system_prompt
-        return _rd_string(self._src, _tfield(self, 10, 4))
+            return self._v_adaptation
+        p = _tfield(self, 20, 4)
+        return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
 
     @property
-    def tools(self):
-        """tools: [ToolDefinition]"""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_tools is None else self._v_tools
-        p = _tfield(self, 12, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_vw_ToolDefinition(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-    @property
-    def mode(self):
-        """mode: ToolCallMode"""
+    def input(self):
+        """Empty = user_message."""
         cdef Py_ssize_t p
         if self._src is None:
-            return ToolCallMode.CallOrAnswer if self._v_mode is None else self._v_mode
-        p = _tfield(self, 16, 1)
-        if p == 0:
-            return ToolCallMode.CallOrAnswer
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_ToolCallMode.get(v, v)
-
-    @property
-    def parallel_tool_calls(self):
-        """Allow several calls in one turn, if the chat template supports it."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return False if self._v_parallel_tool_calls is None else self._v_parallel_tool_calls
-        p = _tfield(self, 18, 1)
-        if p == 0:
-            return False
-        return tf_ld_u8(self._src.buf + p) != 0
-
-    @property
-    def disposition(self):
-        """disposition: ToolCallDisposition"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return ToolCallDisposition.Acknowledge if self._v_disposition is None else self._v_disposition
-        p = _tfield(self, 20, 1)
-        if p == 0:
-            return ToolCallDisposition.Acknowledge
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_ToolCallDisposition.get(v, v)
-
-    @property
-    def acknowledge_text(self):
-        """History text of the ...Acknowledge dispositions; empty = "ok"."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_acknowledge_text is None else self._v_acknowledge_text
+            return '' if self._v_input is None else self._v_input
         return _rd_string(self._src, _tfield(self, 22, 4))
 
     @property
-    def pause_timeout_ms(self):
-        """Pause deadline for pausing dispositions; 0 = server workflow.tool_call_pause_timeout_ms (0 = forever). Expiry ends the turn with PauseTimedOut (no timeout exit)."""
+    def context_size(self):
+        """0 = the model variant's / server default_n_ctx."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_pause_timeout_ms is None else self._v_pause_timeout_ms
+            return 0 if self._v_context_size is None else self._v_context_size
         p = _tfield(self, 24, 4)
         if p == 0:
             return 0
         return tf_ld_i32(self._src.buf + p)
 
     @property
-    def sampling(self):
-        """max_tokens unset = the model's default_sampling.max_tokens (758 built in)."""
+    def send(self):
+        """Streamed: one AnswerText delta per sentence as it goes to TTS."""
         cdef Py_ssize_t p
         if self._src is None:
-            return self._v_sampling
-        p = _tfield(self, 26, 4)
-        return _vw_SamplingOverrides(self._src, _rd_target(self._src, p)) if p else None
+            return SendMode.Streamed if self._v_send is None else self._v_send
+        p = _tfield(self, 26, 1)
+        if p == 0:
+            return SendMode.Streamed
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_SendMode.get(v, v)
 
     @property
     def context(self):
@@ -2025,30 +2223,53 @@ cdef class ToolCallParams(Table):
         p = _tfield(self, 28, 4)
         return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
 
-    @property
-    def tool_called_exit(self):
-        """tool_called_exit: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_tool_called_exit is None else self._v_tool_called_exit
-        return _rd_string(self._src, _tfield(self, 30, 4))
+
+@cython.final
+@cython.no_gc
+cdef class SpeakParams(Table):
+    """Speak: voices the latest assistant text of the turn with the agent's VoiceProfile (no LLM)."""
+    cdef object _v_min_sentence_chars
+    cdef object _v_default_exit
+    cdef object _v_first_chunk_max_chars
+    FIELDS = ('min_sentence_chars', 'default_exit', 'first_chunk_max_chars', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(('default_exit', ))
+
+    def __init__(self, *, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None):
+        self._v_min_sentence_chars = min_sentence_chars
+        self._v_default_exit = default_exit
+        self._v_first_chunk_max_chars = first_chunk_max_chars
 
     @property
-    def no_tool_called_exit(self):
-        """no_tool_called_exit: string"""
+    def min_sentence_chars(self):
+        """Shorter sentences are merged with the next before synthesis."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_no_tool_called_exit is None else self._v_no_tool_called_exit
-        return _rd_string(self._src, _tfield(self, 32, 4))
+            return 12 if self._v_min_sentence_chars is None else self._v_min_sentence_chars
+        p = _tfield(self, 4, 4)
+        if p == 0:
+            return 12
+        return tf_ld_i32(self._src.buf + p)
 
     @property
-    def adaptation(self):
-        """adaptation: ModelAdaptation"""
+    def default_exit(self):
+        """default_exit: string"""
         cdef Py_ssize_t p
         if self._src is None:
-            return self._v_adaptation
-        p = _tfield(self, 34, 4)
-        return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
+            return '' if self._v_default_exit is None else self._v_default_exit
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
+    def first_chunk_max_chars(self):
+        """Cap on the first synthesized chunk (cut at a clause/word boundary) for faster first audio (v25); 0 = no cap."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_first_chunk_max_chars is None else self._v_first_chunk_max_chars
+        p = _tfield(self, 8, 4)
+        if p == 0:
+            return 0
+        return tf_ld_i32(self._src.buf + p)
 
 
 @cython.final
@@ -2094,216 +2315,6 @@ cdef class PauseParams(Table):
         if self._src is None:
             return '' if self._v_timeout_exit is None else self._v_timeout_exit
         return _rd_string(self._src, _tfield(self, 8, 4))
-
-
-@cython.final
-@cython.no_gc
-cdef class SpeakParams(Table):
-    """Speak: voices the latest assistant text of the turn with the agent's VoiceProfile (no LLM)."""
-    cdef object _v_min_sentence_chars
-    cdef object _v_default_exit
-    cdef object _v_first_chunk_max_chars
-    FIELDS = ('min_sentence_chars', 'default_exit', 'first_chunk_max_chars', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
-    STRUCTURAL = frozenset(('default_exit', ))
-
-    def __init__(self, *, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None):
-        self._v_min_sentence_chars = min_sentence_chars
-        self._v_default_exit = default_exit
-        self._v_first_chunk_max_chars = first_chunk_max_chars
-
-    @property
-    def min_sentence_chars(self):
-        """Shorter sentences are merged with the next before synthesis."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 12 if self._v_min_sentence_chars is None else self._v_min_sentence_chars
-        p = _tfield(self, 4, 4)
-        if p == 0:
-            return 12
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def default_exit(self):
-        """default_exit: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_default_exit is None else self._v_default_exit
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def first_chunk_max_chars(self):
-        """Cap on the first synthesized chunk (cut at a clause/word boundary) for faster first audio; 0 = no cap."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_first_chunk_max_chars is None else self._v_first_chunk_max_chars
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 0
-        return tf_ld_i32(self._src.buf + p)
-
-
-@cython.final
-@cython.no_gc
-cdef class GenerateAndSpeakParams(Table):
-    """GenerateAndSpeak: Generate plus sentence segmentation and TTS overlapped with generation."""
-    cdef object _v_model_name
-    cdef object _v_input
-    cdef object _v_context_size
-    cdef object _v_system_prompt
-    cdef object _v_template
-    cdef object _v_placement
-    cdef object _v_send
-    cdef object _v_sampling
-    cdef object _v_context
-    cdef object _v_min_sentence_chars
-    cdef object _v_default_exit
-    cdef object _v_first_chunk_max_chars
-    cdef object _v_adaptation
-    FIELDS = ('model_name', 'input', 'context_size', 'system_prompt', 'template', 'placement', 'send', 'sampling', 'context', 'min_sentence_chars', 'default_exit', 'first_chunk_max_chars', 'adaptation', )
-    UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, )
-    STRUCTURAL = frozenset(('model_name', 'input', 'context_size', 'context', 'default_exit', 'adaptation', ))
-
-    def __init__(self, *, model_name=None, input=None, context_size=None, system_prompt=None, template=None, placement=None, send=None, sampling=None, context=None, min_sentence_chars=None, default_exit=None, first_chunk_max_chars=None, adaptation=None):
-        self._v_model_name = model_name
-        self._v_input = input
-        self._v_context_size = context_size
-        self._v_system_prompt = system_prompt
-        self._v_template = template
-        self._v_placement = placement
-        self._v_send = send
-        self._v_sampling = sampling
-        self._v_context = context
-        self._v_min_sentence_chars = min_sentence_chars
-        self._v_default_exit = default_exit
-        self._v_first_chunk_max_chars = first_chunk_max_chars
-        self._v_adaptation = adaptation
-
-    @property
-    def model_name(self):
-        """Empty = the agent's default model."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_model_name is None else self._v_model_name
-        return _rd_string(self._src, _tfield(self, 4, 4))
-
-    @property
-    def input(self):
-        """Empty = user_message."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_input is None else self._v_input
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def context_size(self):
-        """0 = the model variant's / server default_n_ctx."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_context_size is None else self._v_context_size
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 0
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def system_prompt(self):
-        """system_prompt: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_system_prompt is None else self._v_system_prompt
-        return _rd_string(self._src, _tfield(self, 10, 4))
-
-    @property
-    def template(self):
-        """Mustache template placed by `placement`; empty = none."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_template is None else self._v_template
-        return _rd_string(self._src, _tfield(self, 12, 4))
-
-    @property
-    def placement(self):
-        """placement: PromptPlacement"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return PromptPlacement.UserMessage if self._v_placement is None else self._v_placement
-        p = _tfield(self, 14, 1)
-        if p == 0:
-            return PromptPlacement.UserMessage
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_PromptPlacement.get(v, v)
-
-    @property
-    def send(self):
-        """Streamed: one AnswerText delta per sentence as it goes to TTS."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return SendMode.Streamed if self._v_send is None else self._v_send
-        p = _tfield(self, 16, 1)
-        if p == 0:
-            return SendMode.Streamed
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_SendMode.get(v, v)
-
-    @property
-    def sampling(self):
-        """sampling: SamplingOverrides"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_sampling
-        p = _tfield(self, 18, 4)
-        return _vw_SamplingOverrides(self._src, _rd_target(self._src, p)) if p else None
-
-    @property
-    def context(self):
-        """context: ContextOverrides"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_context
-        p = _tfield(self, 20, 4)
-        return _vw_ContextOverrides(self._src, _rd_target(self._src, p)) if p else None
-
-    @property
-    def min_sentence_chars(self):
-        """Shorter sentences are merged with the next before synthesis."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 12 if self._v_min_sentence_chars is None else self._v_min_sentence_chars
-        p = _tfield(self, 22, 4)
-        if p == 0:
-            return 12
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def default_exit(self):
-        """default_exit: string"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_default_exit is None else self._v_default_exit
-        return _rd_string(self._src, _tfield(self, 24, 4))
-
-    @property
-    def first_chunk_max_chars(self):
-        """Cap on the first synthesized chunk for faster first audio; 0 = no cap."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_first_chunk_max_chars is None else self._v_first_chunk_max_chars
-        p = _tfield(self, 26, 4)
-        if p == 0:
-            return 0
-        return tf_ld_i32(self._src.buf + p)
-
-    @property
-    def adaptation(self):
-        """adaptation: ModelAdaptation"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_adaptation
-        p = _tfield(self, 28, 4)
-        return _vw_ModelAdaptation(self._src, _rd_target(self._src, p)) if p else None
 
 
 @cython.final
@@ -3634,15 +3645,15 @@ cdef class EngineHint(Table):
 
     @property
     def engine(self):
-        """engine: EngineKind"""
+        """engine: InferenceEngine"""
         cdef Py_ssize_t p
         if self._src is None:
-            return EngineKind.LlamaCpp if self._v_engine is None else self._v_engine
+            return InferenceEngine.LlamaCpp if self._v_engine is None else self._v_engine
         p = _tfield(self, 6, 1)
         if p == 0:
-            return EngineKind.LlamaCpp
+            return InferenceEngine.LlamaCpp
         v = tf_ld_u8(self._src.buf + p)
-        return _EV_EngineKind.get(v, v)
+        return _EV_InferenceEngine.get(v, v)
 
 
 @cython.final
@@ -4030,7 +4041,7 @@ cdef class DialogInteraction(Table):
 
 @cython.final
 @cython.no_gc
-cdef class KeyValue(Table):
+cdef class NodeParam(Table):
     """A string key/value pair (NodeEvent.kv_pairs)."""
     cdef object _v_key
     cdef object _v_value
@@ -4058,6 +4069,57 @@ cdef class KeyValue(Table):
         if self._src is None:
             return '' if self._v_value is None else self._v_value
         return _rd_string(self._src, _tfield(self, 6, 4))
+
+
+@cython.final
+@cython.no_gc
+cdef class WireAudioFormat(Table):
+    """A PCM audio format (AudioBuffer input, TTS output). Samples are signed little-endian."""
+    cdef object _v_sample_rate
+    cdef object _v_channels
+    cdef object _v_bits_per_sample
+    FIELDS = ('sample_rate', 'channels', 'bits_per_sample', )
+    UNION_FIELDS = frozenset(())
+    _VOFFSETS = (4, 6, 8, )
+    STRUCTURAL = frozenset(())
+
+    def __init__(self, *, sample_rate=None, channels=None, bits_per_sample=None):
+        self._v_sample_rate = sample_rate
+        self._v_channels = channels
+        self._v_bits_per_sample = bits_per_sample
+
+    @property
+    def sample_rate(self):
+        """Hz."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_sample_rate is None else self._v_sample_rate
+        p = _tfield(self, 4, 4)
+        if p == 0:
+            return 0
+        return tf_ld_u32(self._src.buf + p)
+
+    @property
+    def channels(self):
+        """channels: ushort"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_channels is None else self._v_channels
+        p = _tfield(self, 6, 2)
+        if p == 0:
+            return 0
+        return tf_ld_u16(self._src.buf + p)
+
+    @property
+    def bits_per_sample(self):
+        """bits_per_sample: ushort"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_bits_per_sample is None else self._v_bits_per_sample
+        p = _tfield(self, 8, 2)
+        if p == 0:
+            return 0
+        return tf_ld_u16(self._src.buf + p)
 
 
 @cython.final
@@ -4155,31 +4217,33 @@ cdef class TtsCapabilitiesInfo(Table):
 cdef class ModelInfo(Table):
     """One catalog model as reported by ListModelsResponse."""
     cdef object _v_name
-    cdef object _v_role
-    cdef object _v_engine
     cdef object _v_status
+    cdef object _v_huggingface_repo
     cdef object _v_size_bytes
-    cdef object _v_description
-    cdef object _v_context_size
     cdef object _v_languages
     cdef object _v_dependencies
     cdef object _v_tts_capabilities
-    FIELDS = ('name', 'role', 'engine', 'status', 'size_bytes', 'description', 'context_size', 'languages', 'dependencies', 'tts_capabilities', )
+    cdef object _v_model_type
+    cdef object _v_engine
+    cdef object _v_description
+    cdef object _v_context_size
+    FIELDS = ('name', 'status', 'huggingface_repo', 'size_bytes', 'languages', 'dependencies', 'tts_capabilities', 'model_type', 'engine', 'description', 'context_size', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, name=None, role=None, engine=None, status=None, size_bytes=None, description=None, context_size=None, languages=None, dependencies=None, tts_capabilities=None):
+    def __init__(self, *, name=None, status=None, huggingface_repo=None, size_bytes=None, languages=None, dependencies=None, tts_capabilities=None, model_type=None, engine=None, description=None, context_size=None):
         self._v_name = name
-        self._v_role = role
-        self._v_engine = engine
         self._v_status = status
+        self._v_huggingface_repo = huggingface_repo
         self._v_size_bytes = size_bytes
-        self._v_description = description
-        self._v_context_size = context_size
         self._v_languages = languages
         self._v_dependencies = dependencies
         self._v_tts_capabilities = tts_capabilities
+        self._v_model_type = model_type
+        self._v_engine = engine
+        self._v_description = description
+        self._v_context_size = context_size
 
     @property
     def name(self):
@@ -4190,12 +4254,80 @@ cdef class ModelInfo(Table):
         return _rd_string(self._src, _tfield(self, 4, 4))
 
     @property
-    def role(self):
-        """role: ModelRole"""
+    def status(self):
+        """status: ModelStatus"""
         cdef Py_ssize_t p
         if self._src is None:
-            return ModelRole.Language if self._v_role is None else self._v_role
+            return ModelStatus.Absent if self._v_status is None else self._v_status
         p = _tfield(self, 6, 1)
+        if p == 0:
+            return ModelStatus.Absent
+        v = tf_ld_u8(self._src.buf + p)
+        return _EV_ModelStatus.get(v, v)
+
+    @property
+    def huggingface_repo(self):
+        """The model's upstream repository (e.g. "HuggingFaceTB/SmolLM2-135M-Instruct"); empty when the catalog does not name one. Files always come from the catalog's own sources."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_huggingface_repo is None else self._v_huggingface_repo
+        return _rd_string(self._src, _tfield(self, 8, 4))
+
+    @property
+    def size_bytes(self):
+        """Total download size in bytes (0 = unknown)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_size_bytes is None else self._v_size_bytes
+        p = _tfield(self, 10, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
+
+    @property
+    def languages(self):
+        """BCP-47 languages the model supports (v12; empty = unspecified / any)."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_languages is None else self._v_languages
+        p = _tfield(self, 12, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+    @property
+    def dependencies(self):
+        """Catalog names of models this one needs (v15; e.g. the VAD an STT model rides on)."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_dependencies is None else self._v_dependencies
+        p = _tfield(self, 14, 4)
+        if p == 0:
+            return ()
+        target = _rd_target(self._src, p)
+        n = _rd_vec_len(self._src, target, 4)
+        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+    @property
+    def tts_capabilities(self):
+        """Present for TTS models only (v15)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_tts_capabilities
+        p = _tfield(self, 16, 4)
+        return _vw_TtsCapabilitiesInfo(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def model_type(self):
+        """What the model does."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return ModelRole.Language if self._v_model_type is None else self._v_model_type
+        p = _tfield(self, 18, 1)
         if p == 0:
             return ModelRole.Language
         v = tf_ld_u8(self._src.buf + p)
@@ -4206,35 +4338,12 @@ cdef class ModelInfo(Table):
         """The engine this model runs on (from the catalog)."""
         cdef Py_ssize_t p
         if self._src is None:
-            return EngineKind.LlamaCpp if self._v_engine is None else self._v_engine
-        p = _tfield(self, 8, 1)
+            return InferenceEngine.LlamaCpp if self._v_engine is None else self._v_engine
+        p = _tfield(self, 20, 1)
         if p == 0:
-            return EngineKind.LlamaCpp
+            return InferenceEngine.LlamaCpp
         v = tf_ld_u8(self._src.buf + p)
-        return _EV_EngineKind.get(v, v)
-
-    @property
-    def status(self):
-        """status: ModelStatus"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return ModelStatus.NotDownloaded if self._v_status is None else self._v_status
-        p = _tfield(self, 10, 1)
-        if p == 0:
-            return ModelStatus.NotDownloaded
-        v = tf_ld_u8(self._src.buf + p)
-        return _EV_ModelStatus.get(v, v)
-
-    @property
-    def size_bytes(self):
-        """Total download size in bytes (0 = unknown)."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_size_bytes is None else self._v_size_bytes
-        p = _tfield(self, 12, 8)
-        if p == 0:
-            return 0
-        return tf_ld_u64(self._src.buf + p)
+        return _EV_InferenceEngine.get(v, v)
 
     @property
     def description(self):
@@ -4242,7 +4351,7 @@ cdef class ModelInfo(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_description is None else self._v_description
-        return _rd_string(self._src, _tfield(self, 14, 4))
+        return _rd_string(self._src, _tfield(self, 22, 4))
 
     @property
     def context_size(self):
@@ -4250,47 +4359,10 @@ cdef class ModelInfo(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_context_size is None else self._v_context_size
-        p = _tfield(self, 16, 4)
+        p = _tfield(self, 24, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
-
-    @property
-    def languages(self):
-        """BCP-47 languages the model supports (empty = unspecified / any)."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_languages is None else self._v_languages
-        p = _tfield(self, 18, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-    @property
-    def dependencies(self):
-        """Catalog names of models this one needs (e.g. the VAD an STT model rides on)."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_dependencies is None else self._v_dependencies
-        p = _tfield(self, 20, 4)
-        if p == 0:
-            return ()
-        target = _rd_target(self._src, p)
-        n = _rd_vec_len(self._src, target, 4)
-        return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
-
-    @property
-    def tts_capabilities(self):
-        """Present for TTS models only."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return self._v_tts_capabilities
-        p = _tfield(self, 22, 4)
-        return _vw_TtsCapabilitiesInfo(self._src, _rd_target(self._src, p)) if p else None
 
 
 @cython.final
@@ -4762,14 +4834,16 @@ cdef class MutableKbHit(Table):
 cdef class ConnectionReady(Table):
     """1. Server hello, sent on accept before any request is read."""
     cdef object _v_protocol_version
+    cdef object _v_codegen_fingerprint
     cdef object _v_mode
-    FIELDS = ('protocol_version', 'mode', )
+    FIELDS = ('protocol_version', 'codegen_fingerprint', 'mode', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, )
+    _VOFFSETS = (4, 6, 8, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, protocol_version=None, mode=None):
+    def __init__(self, *, protocol_version=None, codegen_fingerprint=None, mode=None):
         self._v_protocol_version = protocol_version
+        self._v_codegen_fingerprint = codegen_fingerprint
         self._v_mode = mode
 
     @property
@@ -4784,12 +4858,20 @@ cdef class ConnectionReady(Table):
         return tf_ld_u32(self._src.buf + p)
 
     @property
+    def codegen_fingerprint(self):
+        """Fingerprint of the schema the server was built from (hex); informational."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_codegen_fingerprint is None else self._v_codegen_fingerprint
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
     def mode(self):
-        """Deployment mode string (e.g. "release", "dev")."""
+        """Deployment mode string (e.g. "release", "dev") (v24)."""
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_mode is None else self._v_mode
-        return _rd_string(self._src, _tfield(self, 6, 4))
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
 
 @cython.final
@@ -4797,45 +4879,55 @@ cdef class ConnectionReady(Table):
 cdef class CreateSessionRequest(Table):
     """2. Client: create this connection's session (mandatory, one-shot)."""
     cdef object _v_request_id
-    cdef object _v_locale
     cdef object _v_model_config
-    FIELDS = ('request_id', 'locale', 'model_config', )
+    cdef object _v_game_name
+    cdef object _v_locale
+    FIELDS = ('request_id', 'model_config', 'game_name', 'locale', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
+    _VOFFSETS = (4, 6, 10, 12, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, locale=None, model_config=None):
+    def __init__(self, *, request_id=None, model_config=None, game_name=None, locale=None):
         self._v_request_id = request_id
-        self._v_locale = locale
         self._v_model_config = model_config
+        self._v_game_name = game_name
+        self._v_locale = locale
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
-
-    @property
-    def locale(self):
-        """BCP-47 session language ("de", "pt-BR"); empty = none; malformed -> 2004."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_locale is None else self._v_locale
-        return _rd_string(self._src, _tfield(self, 6, 4))
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_config(self):
-        """model_config: ModelConfig"""
+        """v13: replaced the four per-role engine fields (this slot was inference_engine)."""
         cdef Py_ssize_t p
         if self._src is None:
             return self._v_model_config
-        p = _tfield(self, 8, 4)
+        p = _tfield(self, 6, 4)
         return _vw_ModelConfig(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def game_name(self):
+        """Identifies the integration (e.g. "my-game"); logged with the session."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_game_name is None else self._v_game_name
+        return _rd_string(self._src, _tfield(self, 10, 4))
+
+    @property
+    def locale(self):
+        """BCP-47 session language ("de", "pt-BR"); empty = none; malformed -> 2004 (v12)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_locale is None else self._v_locale
+        return _rd_string(self._src, _tfield(self, 12, 4))
 
 
 @cython.final
@@ -4855,18 +4947,18 @@ cdef class CreateSessionResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def session_id(self):
-        """session_id: ulong"""
+        """Server-allocated session id (v4)."""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_session_id is None else self._v_session_id
@@ -4907,14 +4999,14 @@ cdef class CreateAgentRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def graph(self):
@@ -5020,14 +5112,14 @@ cdef class CreateAgentResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5060,14 +5152,14 @@ cdef class SendMessageRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5106,14 +5198,14 @@ cdef class DestroyAgentRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5131,22 +5223,35 @@ cdef class DestroyAgentRequest(Table):
 @cython.no_gc
 cdef class AnswerText(Table):
     """8. Server: one streamed answer chunk from one node."""
+    cdef object _v_request_id
     cdef object _v_agent_id
-    cdef object _v_node_name
     cdef object _v_text
     cdef object _v_is_delta
     cdef object _v_is_final
-    FIELDS = ('agent_id', 'node_name', 'text', 'is_delta', 'is_final', )
+    cdef object _v_node_name
+    FIELDS = ('request_id', 'agent_id', 'text', 'is_delta', 'is_final', 'node_name', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, agent_id=None, node_name=None, text=None, is_delta=None, is_final=None):
+    def __init__(self, *, request_id=None, agent_id=None, text=None, is_delta=None, is_final=None, node_name=None):
+        self._v_request_id = request_id
         self._v_agent_id = agent_id
-        self._v_node_name = node_name
         self._v_text = text
         self._v_is_delta = is_delta
         self._v_is_final = is_final
+        self._v_node_name = node_name
+
+    @property
+    def request_id(self):
+        """The SendMessageRequest's request_id."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_request_id is None else self._v_request_id
+        p = _tfield(self, 4, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5154,18 +5259,10 @@ cdef class AnswerText(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_agent_id is None else self._v_agent_id
-        p = _tfield(self, 4, 8)
+        p = _tfield(self, 6, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
-
-    @property
-    def node_name(self):
-        """The node that produced this chunk."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_node_name is None else self._v_node_name
-        return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
     def text(self):
@@ -5197,6 +5294,14 @@ cdef class AnswerText(Table):
             return False
         return tf_ld_u8(self._src.buf + p) != 0
 
+    @property
+    def node_name(self):
+        """The node that produced this chunk."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_node_name is None else self._v_node_name
+        return _rd_string(self._src, _tfield(self, 14, 4))
+
 
 @cython.final
 @cython.no_gc
@@ -5221,14 +5326,14 @@ cdef class TurnComplete(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5280,26 +5385,28 @@ cdef class ErrorResponse(Table):
     cdef object _v_request_id
     cdef object _v_code
     cdef object _v_message
-    FIELDS = ('request_id', 'code', 'message', )
+    cdef object _v_agent_id
+    FIELDS = ('request_id', 'code', 'message', 'agent_id', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
+    _VOFFSETS = (4, 6, 8, 10, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, code=None, message=None):
+    def __init__(self, *, request_id=None, code=None, message=None, agent_id=None):
         self._v_request_id = request_id
         self._v_code = code
         self._v_message = message
+        self._v_agent_id = agent_id
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def code(self):
@@ -5320,32 +5427,56 @@ cdef class ErrorResponse(Table):
             return '' if self._v_message is None else self._v_message
         return _rd_string(self._src, _tfield(self, 8, 4))
 
+    @property
+    def agent_id(self):
+        """The agent the failed request addressed; 0 for session-level errors."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_agent_id is None else self._v_agent_id
+        p = _tfield(self, 10, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
+
 
 @cython.final
 @cython.no_gc
 cdef class Ack(Table):
     """11. Server: confirms a request with no dedicated response table."""
     cdef object _v_request_id
+    cdef object _v_agent_id
     cdef object _v_warning
-    FIELDS = ('request_id', 'warning', )
+    FIELDS = ('request_id', 'agent_id', 'warning', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, )
+    _VOFFSETS = (4, 6, 8, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, warning=None):
+    def __init__(self, *, request_id=None, agent_id=None, warning=None):
         self._v_request_id = request_id
+        self._v_agent_id = agent_id
         self._v_warning = warning
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
+
+    @property
+    def agent_id(self):
+        """The agent the request addressed; 0 for requests not about an agent."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_agent_id is None else self._v_agent_id
+        p = _tfield(self, 6, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def warning(self):
@@ -5353,7 +5484,7 @@ cdef class Ack(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_warning is None else self._v_warning
-        return _rd_string(self._src, _tfield(self, 6, 4))
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
 
 @cython.final
@@ -5371,14 +5502,14 @@ cdef class ListModelsRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
 
 @cython.final
@@ -5398,14 +5529,14 @@ cdef class ListModelsResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def models(self):
@@ -5439,14 +5570,14 @@ cdef class DownloadModelRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -5463,31 +5594,33 @@ cdef class DownloadProgress(Table):
     """15. Server: progress of an active download."""
     cdef object _v_request_id
     cdef object _v_model_name
-    cdef object _v_bytes_done
-    cdef object _v_bytes_total
+    cdef object _v_bytes_downloaded
+    cdef object _v_total_bytes
+    cdef object _v_percent
     cdef object _v_current_file
-    FIELDS = ('request_id', 'model_name', 'bytes_done', 'bytes_total', 'current_file', )
+    FIELDS = ('request_id', 'model_name', 'bytes_downloaded', 'total_bytes', 'percent', 'current_file', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, model_name=None, bytes_done=None, bytes_total=None, current_file=None):
+    def __init__(self, *, request_id=None, model_name=None, bytes_downloaded=None, total_bytes=None, percent=None, current_file=None):
         self._v_request_id = request_id
         self._v_model_name = model_name
-        self._v_bytes_done = bytes_done
-        self._v_bytes_total = bytes_total
+        self._v_bytes_downloaded = bytes_downloaded
+        self._v_total_bytes = total_bytes
+        self._v_percent = percent
         self._v_current_file = current_file
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -5498,26 +5631,37 @@ cdef class DownloadProgress(Table):
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
-    def bytes_done(self):
-        """bytes_done: ulong"""
+    def bytes_downloaded(self):
+        """bytes_downloaded: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_bytes_done is None else self._v_bytes_done
+            return 0 if self._v_bytes_downloaded is None else self._v_bytes_downloaded
         p = _tfield(self, 8, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
 
     @property
-    def bytes_total(self):
+    def total_bytes(self):
         """0 = unknown."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_bytes_total is None else self._v_bytes_total
+            return 0 if self._v_total_bytes is None else self._v_total_bytes
         p = _tfield(self, 10, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
+
+    @property
+    def percent(self):
+        """0..100; 0 while total_bytes is unknown."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0.0 if self._v_percent is None else self._v_percent
+        p = _tfield(self, 12, 4)
+        if p == 0:
+            return 0.0
+        return tf_ld_f32(self._src.buf + p)
 
     @property
     def current_file(self):
@@ -5525,7 +5669,7 @@ cdef class DownloadProgress(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_current_file is None else self._v_current_file
-        return _rd_string(self._src, _tfield(self, 12, 4))
+        return _rd_string(self._src, _tfield(self, 14, 4))
 
 
 @cython.final
@@ -5535,30 +5679,30 @@ cdef class DownloadComplete(Table):
     cdef object _v_request_id
     cdef object _v_model_name
     cdef object _v_success
+    cdef object _v_error
     cdef object _v_error_code
-    cdef object _v_message
-    FIELDS = ('request_id', 'model_name', 'success', 'error_code', 'message', )
+    FIELDS = ('request_id', 'model_name', 'success', 'error', 'error_code', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, model_name=None, success=None, error_code=None, message=None):
+    def __init__(self, *, request_id=None, model_name=None, success=None, error=None, error_code=None):
         self._v_request_id = request_id
         self._v_model_name = model_name
         self._v_success = success
+        self._v_error = error
         self._v_error_code = error_code
-        self._v_message = message
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -5580,23 +5724,23 @@ cdef class DownloadComplete(Table):
         return tf_ld_u8(self._src.buf + p) != 0
 
     @property
+    def error(self):
+        """Human-readable reason when success is false; empty otherwise."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_error is None else self._v_error
+        return _rd_string(self._src, _tfield(self, 10, 4))
+
+    @property
     def error_code(self):
         """6xxx when success is false; 0 otherwise."""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_error_code is None else self._v_error_code
-        p = _tfield(self, 10, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
-
-    @property
-    def message(self):
-        """Human-readable reason when success is false."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_message is None else self._v_message
-        return _rd_string(self._src, _tfield(self, 12, 4))
 
 
 @cython.final
@@ -5624,14 +5768,14 @@ cdef class CreateStringStorageRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -5709,14 +5853,14 @@ cdef class CreateStringStorageResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -5755,14 +5899,14 @@ cdef class DestroyStringStorageRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -5777,20 +5921,33 @@ cdef class DestroyStringStorageRequest(Table):
 @cython.no_gc
 cdef class NodeEvent(Table):
     """20. Server: unsolicited event from a node (tool_call, paused, intent_classified, …)."""
+    cdef object _v_request_id
     cdef object _v_agent_id
     cdef object _v_node_name
     cdef object _v_event_type
     cdef object _v_kv_pairs
-    FIELDS = ('agent_id', 'node_name', 'event_type', 'kv_pairs', )
+    FIELDS = ('request_id', 'agent_id', 'node_name', 'event_type', 'kv_pairs', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, )
+    _VOFFSETS = (4, 6, 8, 10, 12, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, agent_id=None, node_name=None, event_type=None, kv_pairs=None):
+    def __init__(self, *, request_id=None, agent_id=None, node_name=None, event_type=None, kv_pairs=None):
+        self._v_request_id = request_id
         self._v_agent_id = agent_id
         self._v_node_name = node_name
         self._v_event_type = event_type
         self._v_kv_pairs = kv_pairs
+
+    @property
+    def request_id(self):
+        """The request_id of the turn's SendMessageRequest."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_request_id is None else self._v_request_id
+        p = _tfield(self, 4, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -5798,7 +5955,7 @@ cdef class NodeEvent(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_agent_id is None else self._v_agent_id
-        p = _tfield(self, 4, 8)
+        p = _tfield(self, 6, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
@@ -5809,7 +5966,7 @@ cdef class NodeEvent(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_node_name is None else self._v_node_name
-        return _rd_string(self._src, _tfield(self, 6, 4))
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
     @property
     def event_type(self):
@@ -5817,7 +5974,7 @@ cdef class NodeEvent(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_event_type is None else self._v_event_type
-        return _rd_string(self._src, _tfield(self, 8, 4))
+        return _rd_string(self._src, _tfield(self, 10, 4))
 
     @property
     def kv_pairs(self):
@@ -5826,12 +5983,12 @@ cdef class NodeEvent(Table):
         cdef Py_ssize_t target, n, i
         if self._src is None:
             return () if self._v_kv_pairs is None else self._v_kv_pairs
-        p = _tfield(self, 10, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return ()
         target = _rd_target(self._src, p)
         n = _rd_vec_len(self._src, target, 4)
-        return tuple([_vw_KeyValue(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+        return tuple([_vw_NodeParam(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
 
 
 @cython.final
@@ -5853,14 +6010,14 @@ cdef class LoadModelRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -5914,14 +6071,14 @@ cdef class LoadModelResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -5933,15 +6090,15 @@ cdef class LoadModelResponse(Table):
 
     @property
     def engine(self):
-        """engine: EngineKind"""
+        """engine: InferenceEngine"""
         cdef Py_ssize_t p
         if self._src is None:
-            return EngineKind.LlamaCpp if self._v_engine is None else self._v_engine
+            return InferenceEngine.LlamaCpp if self._v_engine is None else self._v_engine
         p = _tfield(self, 8, 1)
         if p == 0:
-            return EngineKind.LlamaCpp
+            return InferenceEngine.LlamaCpp
         v = tf_ld_u8(self._src.buf + p)
-        return _EV_EngineKind.get(v, v)
+        return _EV_InferenceEngine.get(v, v)
 
     @property
     def already_loaded(self):
@@ -6031,14 +6188,14 @@ cdef class UnloadModelRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -6056,32 +6213,32 @@ cdef class CreateEmbeddedStringStorageRequest(Table):
     cdef object _v_request_id
     cdef object _v_name
     cdef object _v_config_path
-    cdef object _v_embedding_model_name
-    cdef object _v_texts
+    cdef object _v_strings
+    cdef object _v_embedding_model
     cdef object _v_metadata_json
-    FIELDS = ('request_id', 'name', 'config_path', 'embedding_model_name', 'texts', 'metadata_json', )
+    FIELDS = ('request_id', 'name', 'config_path', 'strings', 'embedding_model', 'metadata_json', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, 12, 14, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, name=None, config_path=None, embedding_model_name=None, texts=None, metadata_json=None):
+    def __init__(self, *, request_id=None, name=None, config_path=None, strings=None, embedding_model=None, metadata_json=None):
         self._v_request_id = request_id
         self._v_name = name
         self._v_config_path = config_path
-        self._v_embedding_model_name = embedding_model_name
-        self._v_texts = texts
+        self._v_strings = strings
+        self._v_embedding_model = embedding_model
         self._v_metadata_json = metadata_json
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -6093,28 +6250,20 @@ cdef class CreateEmbeddedStringStorageRequest(Table):
 
     @property
     def config_path(self):
-        """Path A: storage-relative config file naming the texts and the index file."""
+        """Path A: storage-relative config file naming the records and the index file."""
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_config_path is None else self._v_config_path
         return _rd_string(self._src, _tfield(self, 8, 4))
 
     @property
-    def embedding_model_name(self):
-        """Path B: embedding model for inline texts."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return '' if self._v_embedding_model_name is None else self._v_embedding_model_name
-        return _rd_string(self._src, _tfield(self, 10, 4))
-
-    @property
-    def texts(self):
-        """Path B: inline texts."""
+    def strings(self):
+        """Path B: inline texts (record ids "0", "1", ...)."""
         cdef Py_ssize_t p
         cdef Py_ssize_t target, n, i
         if self._src is None:
-            return () if self._v_texts is None else self._v_texts
-        p = _tfield(self, 12, 4)
+            return () if self._v_strings is None else self._v_strings
+        p = _tfield(self, 10, 4)
         if p == 0:
             return ()
         target = _rd_target(self._src, p)
@@ -6122,8 +6271,16 @@ cdef class CreateEmbeddedStringStorageRequest(Table):
         return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
 
     @property
+    def embedding_model(self):
+        """Path B: catalog embedding model for the inline texts (Path A: the config's wins)."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_embedding_model is None else self._v_embedding_model
+        return _rd_string(self._src, _tfield(self, 12, 4))
+
+    @property
     def metadata_json(self):
-        """Path B: JSON object per text, parallel with texts (may be empty)."""
+        """Path B: JSON object per text, parallel with strings (may be empty)."""
         cdef Py_ssize_t p
         cdef Py_ssize_t target, n, i
         if self._src is None:
@@ -6142,29 +6299,29 @@ cdef class CreateEmbeddedStringStorageResponse(Table):
     """25. Server: the embedded string storage was created."""
     cdef object _v_request_id
     cdef object _v_name
-    cdef object _v_entry_count
-    cdef object _v_dimensions
-    FIELDS = ('request_id', 'name', 'entry_count', 'dimensions', )
+    cdef object _v_record_count
+    cdef object _v_embedding_dim
+    FIELDS = ('request_id', 'name', 'record_count', 'embedding_dim', )
     UNION_FIELDS = frozenset(())
     _VOFFSETS = (4, 6, 8, 10, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, name=None, entry_count=None, dimensions=None):
+    def __init__(self, *, request_id=None, name=None, record_count=None, embedding_dim=None):
         self._v_request_id = request_id
         self._v_name = name
-        self._v_entry_count = entry_count
-        self._v_dimensions = dimensions
+        self._v_record_count = record_count
+        self._v_embedding_dim = embedding_dim
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -6175,22 +6332,22 @@ cdef class CreateEmbeddedStringStorageResponse(Table):
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
-    def entry_count(self):
-        """entry_count: uint"""
+    def record_count(self):
+        """record_count: uint"""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_entry_count is None else self._v_entry_count
+            return 0 if self._v_record_count is None else self._v_record_count
         p = _tfield(self, 8, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
 
     @property
-    def dimensions(self):
+    def embedding_dim(self):
         """Embedding dimensions of the index."""
         cdef Py_ssize_t p
         if self._src is None:
-            return 0 if self._v_dimensions is None else self._v_dimensions
+            return 0 if self._v_embedding_dim is None else self._v_embedding_dim
         p = _tfield(self, 10, 4)
         if p == 0:
             return 0
@@ -6214,14 +6371,14 @@ cdef class DestroyEmbeddedStringStorageRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def name(self):
@@ -6253,14 +6410,14 @@ cdef class ChangeAgentParamRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -6314,31 +6471,37 @@ cdef class CreateVoiceInputRequest(Table):
     """28. Client: create a persistent voice input (speech recognition) handle."""
     cdef object _v_request_id
     cdef object _v_model_name
+    cdef object _v_input_format
+    cdef object _v_vad_threshold
     cdef object _v_vad_min_silence_ms
+    cdef object _v_vad_speech_pad_ms
     cdef object _v_hotwords_storage_path
     cdef object _v_hotwords_score
-    FIELDS = ('request_id', 'model_name', 'vad_min_silence_ms', 'hotwords_storage_path', 'hotwords_score', )
+    FIELDS = ('request_id', 'model_name', 'input_format', 'vad_threshold', 'vad_min_silence_ms', 'vad_speech_pad_ms', 'hotwords_storage_path', 'hotwords_score', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, request_id=None, model_name=None, vad_min_silence_ms=None, hotwords_storage_path=None, hotwords_score=None):
+    def __init__(self, *, request_id=None, model_name=None, input_format=None, vad_threshold=None, vad_min_silence_ms=None, vad_speech_pad_ms=None, hotwords_storage_path=None, hotwords_score=None):
         self._v_request_id = request_id
         self._v_model_name = model_name
+        self._v_input_format = input_format
+        self._v_vad_threshold = vad_threshold
         self._v_vad_min_silence_ms = vad_min_silence_ms
+        self._v_vad_speech_pad_ms = vad_speech_pad_ms
         self._v_hotwords_storage_path = hotwords_storage_path
         self._v_hotwords_score = hotwords_score
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -6349,14 +6512,45 @@ cdef class CreateVoiceInputRequest(Table):
         return _rd_string(self._src, _tfield(self, 6, 4))
 
     @property
+    def input_format(self):
+        """What AudioBuffer.pcm carries (signed 16-bit); resampled server-side to the model's rate."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_input_format
+        p = _tfield(self, 8, 4)
+        return _vw_WireAudioFormat(self._src, _rd_target(self._src, p)) if p else None
+
+    @property
+    def vad_threshold(self):
+        """VAD speech probability threshold, 0..1."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0.5 if self._v_vad_threshold is None else self._v_vad_threshold
+        p = _tfield(self, 10, 4)
+        if p == 0:
+            return 0.5
+        return tf_ld_f32(self._src.buf + p)
+
+    @property
     def vad_min_silence_ms(self):
-        """Silence that ends a segment when auto_finish_on_silence is on."""
+        """Silence that ends a segment when auto_finish_on_silence is on (v18: default 1000)."""
         cdef Py_ssize_t p
         if self._src is None:
             return 1000 if self._v_vad_min_silence_ms is None else self._v_vad_min_silence_ms
-        p = _tfield(self, 8, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return 1000
+        return tf_ld_u32(self._src.buf + p)
+
+    @property
+    def vad_speech_pad_ms(self):
+        """Audio kept before and after detected speech."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 250 if self._v_vad_speech_pad_ms is None else self._v_vad_speech_pad_ms
+        p = _tfield(self, 14, 4)
+        if p == 0:
+            return 250
         return tf_ld_u32(self._src.buf + p)
 
     @property
@@ -6365,7 +6559,7 @@ cdef class CreateVoiceInputRequest(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_hotwords_storage_path is None else self._v_hotwords_storage_path
-        return _rd_string(self._src, _tfield(self, 10, 4))
+        return _rd_string(self._src, _tfield(self, 16, 4))
 
     @property
     def hotwords_score(self):
@@ -6373,7 +6567,7 @@ cdef class CreateVoiceInputRequest(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 1.5 if self._v_hotwords_score is None else self._v_hotwords_score
-        p = _tfield(self, 12, 4)
+        p = _tfield(self, 18, 4)
         if p == 0:
             return 1.5
         return tf_ld_f32(self._src.buf + p)
@@ -6396,14 +6590,14 @@ cdef class CreateVoiceInputResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def voice_input_id(self):
@@ -6438,14 +6632,14 @@ cdef class BeginUtteranceRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def voice_input_id(self):
@@ -6487,16 +6681,14 @@ cdef class AudioBuffer(Table):
     """31. Client: microphone audio, fire-and-forget (no request_id, no reply)."""
     cdef object _v_voice_input_id
     cdef object _v_pcm
-    cdef object _v_sample_rate
-    FIELDS = ('voice_input_id', 'pcm', 'sample_rate', )
+    FIELDS = ('voice_input_id', 'pcm', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, )
+    _VOFFSETS = (4, 6, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, voice_input_id=None, pcm=None, sample_rate=None):
+    def __init__(self, *, voice_input_id=None, pcm=None):
         self._v_voice_input_id = voice_input_id
         self._v_pcm = pcm
-        self._v_sample_rate = sample_rate
 
     @property
     def voice_input_id(self):
@@ -6511,24 +6703,13 @@ cdef class AudioBuffer(Table):
 
     @property
     def pcm(self):
-        """Mono signed 16-bit samples."""
+        """Signed 16-bit little-endian samples in CreateVoiceInputRequest.input_format."""
         cdef Py_ssize_t p
         cdef Py_ssize_t target, n, i
         if self._src is None:
             return () if self._v_pcm is None else self._v_pcm
         p = _tfield(self, 6, 4)
-        return _scalar_vector(self._src, p, 2, b'h')
-
-    @property
-    def sample_rate(self):
-        """sample_rate: uint"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 16000 if self._v_sample_rate is None else self._v_sample_rate
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 16000
-        return tf_ld_u32(self._src.buf + p)
+        return _scalar_vector(self._src, p, 1, b'B')
 
 
 @cython.final
@@ -6548,14 +6729,14 @@ cdef class EndUtteranceRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def voice_input_id(self):
@@ -6586,14 +6767,14 @@ cdef class CancelUtteranceRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def voice_input_id(self):
@@ -6612,20 +6793,22 @@ cdef class CancelUtteranceRequest(Table):
 cdef class WireTranscriptUpdate(Table):
     """34. Server: transcript update for one voice input (unsolicited)."""
     cdef object _v_voice_input_id
-    cdef object _v_kind
     cdef object _v_text
+    cdef object _v_kind
+    cdef object _v_audio_ms_consumed
     cdef object _v_segment_index
     cdef object _v_start_ms
     cdef object _v_end_ms
-    FIELDS = ('voice_input_id', 'kind', 'text', 'segment_index', 'start_ms', 'end_ms', )
+    FIELDS = ('voice_input_id', 'text', 'kind', 'audio_ms_consumed', 'segment_index', 'start_ms', 'end_ms', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, voice_input_id=None, kind=None, text=None, segment_index=None, start_ms=None, end_ms=None):
+    def __init__(self, *, voice_input_id=None, text=None, kind=None, audio_ms_consumed=None, segment_index=None, start_ms=None, end_ms=None):
         self._v_voice_input_id = voice_input_id
-        self._v_kind = kind
         self._v_text = text
+        self._v_kind = kind
+        self._v_audio_ms_consumed = audio_ms_consumed
         self._v_segment_index = segment_index
         self._v_start_ms = start_ms
         self._v_end_ms = end_ms
@@ -6642,24 +6825,35 @@ cdef class WireTranscriptUpdate(Table):
         return tf_ld_u64(self._src.buf + p)
 
     @property
+    def text(self):
+        """text: string"""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return '' if self._v_text is None else self._v_text
+        return _rd_string(self._src, _tfield(self, 6, 4))
+
+    @property
     def kind(self):
         """kind: TranscriptUpdateKind"""
         cdef Py_ssize_t p
         if self._src is None:
             return TranscriptUpdateKind.SpeechStart if self._v_kind is None else self._v_kind
-        p = _tfield(self, 6, 1)
+        p = _tfield(self, 8, 1)
         if p == 0:
             return TranscriptUpdateKind.SpeechStart
         v = tf_ld_u8(self._src.buf + p)
         return _EV_TranscriptUpdateKind.get(v, v)
 
     @property
-    def text(self):
-        """text: string"""
+    def audio_ms_consumed(self):
+        """Audio of the utterance consumed so far, in milliseconds."""
         cdef Py_ssize_t p
         if self._src is None:
-            return '' if self._v_text is None else self._v_text
-        return _rd_string(self._src, _tfield(self, 8, 4))
+            return 0 if self._v_audio_ms_consumed is None else self._v_audio_ms_consumed
+        p = _tfield(self, 10, 4)
+        if p == 0:
+            return 0
+        return tf_ld_u32(self._src.buf + p)
 
     @property
     def segment_index(self):
@@ -6667,7 +6861,7 @@ cdef class WireTranscriptUpdate(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_segment_index is None else self._v_segment_index
-        p = _tfield(self, 10, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -6678,7 +6872,7 @@ cdef class WireTranscriptUpdate(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_start_ms is None else self._v_start_ms
-        p = _tfield(self, 12, 4)
+        p = _tfield(self, 14, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -6689,7 +6883,7 @@ cdef class WireTranscriptUpdate(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_end_ms is None else self._v_end_ms
-        p = _tfield(self, 14, 4)
+        p = _tfield(self, 16, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -6712,14 +6906,14 @@ cdef class DestroyVoiceInputRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def voice_input_id(self):
@@ -6737,22 +6931,31 @@ cdef class DestroyVoiceInputRequest(Table):
 @cython.no_gc
 cdef class TtsAudioFormatFrame(Table):
     """36. Server: the audio format of this turn's speech (once per turn, before its first audio)."""
+    cdef object _v_request_id
     cdef object _v_agent_id
+    cdef object _v_format
     cdef object _v_node_name
-    cdef object _v_sample_rate
-    cdef object _v_channels
-    cdef object _v_bits_per_sample
-    FIELDS = ('agent_id', 'node_name', 'sample_rate', 'channels', 'bits_per_sample', )
+    FIELDS = ('request_id', 'agent_id', 'format', 'node_name', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
+    _VOFFSETS = (4, 6, 8, 10, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, agent_id=None, node_name=None, sample_rate=None, channels=None, bits_per_sample=None):
+    def __init__(self, *, request_id=None, agent_id=None, format=None, node_name=None):
+        self._v_request_id = request_id
         self._v_agent_id = agent_id
+        self._v_format = format
         self._v_node_name = node_name
-        self._v_sample_rate = sample_rate
-        self._v_channels = channels
-        self._v_bits_per_sample = bits_per_sample
+
+    @property
+    def request_id(self):
+        """The SendMessageRequest's request_id."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_request_id is None else self._v_request_id
+        p = _tfield(self, 4, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -6760,10 +6963,19 @@ cdef class TtsAudioFormatFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_agent_id is None else self._v_agent_id
-        p = _tfield(self, 4, 8)
+        p = _tfield(self, 6, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
+
+    @property
+    def format(self):
+        """Mono signed 16-bit little-endian PCM at the model's rate."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_format
+        p = _tfield(self, 8, 4)
+        return _vw_WireAudioFormat(self._src, _rd_target(self._src, p)) if p else None
 
     @property
     def node_name(self):
@@ -6771,62 +6983,42 @@ cdef class TtsAudioFormatFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_node_name is None else self._v_node_name
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def sample_rate(self):
-        """Hz; always written."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 0 if self._v_sample_rate is None else self._v_sample_rate
-        p = _tfield(self, 8, 4)
-        if p == 0:
-            return 0
-        return tf_ld_u32(self._src.buf + p)
-
-    @property
-    def channels(self):
-        """channels: ubyte"""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 1 if self._v_channels is None else self._v_channels
-        p = _tfield(self, 10, 1)
-        if p == 0:
-            return 1
-        return tf_ld_u8(self._src.buf + p)
-
-    @property
-    def bits_per_sample(self):
-        """Signed little-endian PCM."""
-        cdef Py_ssize_t p
-        if self._src is None:
-            return 16 if self._v_bits_per_sample is None else self._v_bits_per_sample
-        p = _tfield(self, 12, 1)
-        if p == 0:
-            return 16
-        return tf_ld_u8(self._src.buf + p)
+        return _rd_string(self._src, _tfield(self, 10, 4))
 
 
 @cython.final
 @cython.no_gc
 cdef class TtsAudioFrame(Table):
     """37. Server: one chunk of synthesized PCM for the current turn."""
+    cdef object _v_request_id
     cdef object _v_agent_id
-    cdef object _v_node_name
     cdef object _v_pcm
+    cdef object _v_node_name
     cdef object _v_sample_offset
     cdef object _v_sentence_index
-    FIELDS = ('agent_id', 'node_name', 'pcm', 'sample_offset', 'sentence_index', )
+    FIELDS = ('request_id', 'agent_id', 'pcm', 'node_name', 'sample_offset', 'sentence_index', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, agent_id=None, node_name=None, pcm=None, sample_offset=None, sentence_index=None):
+    def __init__(self, *, request_id=None, agent_id=None, pcm=None, node_name=None, sample_offset=None, sentence_index=None):
+        self._v_request_id = request_id
         self._v_agent_id = agent_id
-        self._v_node_name = node_name
         self._v_pcm = pcm
+        self._v_node_name = node_name
         self._v_sample_offset = sample_offset
         self._v_sentence_index = sentence_index
+
+    @property
+    def request_id(self):
+        """The SendMessageRequest's request_id."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_request_id is None else self._v_request_id
+        p = _tfield(self, 4, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -6834,10 +7026,20 @@ cdef class TtsAudioFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_agent_id is None else self._v_agent_id
-        p = _tfield(self, 4, 8)
+        p = _tfield(self, 6, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
+
+    @property
+    def pcm(self):
+        """Signed 16-bit little-endian samples at the turn's format."""
+        cdef Py_ssize_t p
+        cdef Py_ssize_t target, n, i
+        if self._src is None:
+            return () if self._v_pcm is None else self._v_pcm
+        p = _tfield(self, 8, 4)
+        return _scalar_vector(self._src, p, 1, b'B')
 
     @property
     def node_name(self):
@@ -6845,25 +7047,15 @@ cdef class TtsAudioFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_node_name is None else self._v_node_name
-        return _rd_string(self._src, _tfield(self, 6, 4))
-
-    @property
-    def pcm(self):
-        """Mono signed 16-bit samples at the turn's format."""
-        cdef Py_ssize_t p
-        cdef Py_ssize_t target, n, i
-        if self._src is None:
-            return () if self._v_pcm is None else self._v_pcm
-        p = _tfield(self, 8, 4)
-        return _scalar_vector(self._src, p, 2, b'h')
+        return _rd_string(self._src, _tfield(self, 10, 4))
 
     @property
     def sample_offset(self):
-        """Index of pcm[0] counted from the turn's TtsAudioFormatFrame."""
+        """Index of the chunk's first sample counted from the turn's TtsAudioFormatFrame."""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_sample_offset is None else self._v_sample_offset
-        p = _tfield(self, 10, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -6874,7 +7066,7 @@ cdef class TtsAudioFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_sentence_index is None else self._v_sentence_index
-        p = _tfield(self, 12, 4)
+        p = _tfield(self, 14, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -6897,14 +7089,14 @@ cdef class DeleteModelRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def model_name(self):
@@ -6934,14 +7126,14 @@ cdef class DebugCommandRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def command(self):
@@ -6983,14 +7175,14 @@ cdef class DebugCommandResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def output(self):
@@ -7020,14 +7212,14 @@ cdef class CancelRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7074,14 +7266,14 @@ cdef class ResumeAgentRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7136,14 +7328,14 @@ cdef class UpdateAgentVariablesRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7188,14 +7380,14 @@ cdef class GetAgentVariablesRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7226,14 +7418,14 @@ cdef class GetAgentVariablesResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def variables(self):
@@ -7267,14 +7459,14 @@ cdef class PrefillAgentKvCacheRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7321,14 +7513,14 @@ cdef class PrefillAgentKvCacheResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7446,14 +7638,14 @@ cdef class EvictAgentKvCacheRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7496,14 +7688,14 @@ cdef class EvictAgentKvCacheResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7599,14 +7791,14 @@ cdef class GetAgentKvCacheStatusRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7647,14 +7839,14 @@ cdef class GetAgentKvCacheStatusResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7741,14 +7933,14 @@ cdef class AppendInteractionsRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7795,14 +7987,14 @@ cdef class AppendInteractionsResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7846,14 +8038,14 @@ cdef class RemoveInteractionsFromEndRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7897,14 +8089,14 @@ cdef class RemoveInteractionsFromEndResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -7971,14 +8163,14 @@ cdef class SetSessionLocaleRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def locale(self):
@@ -8006,14 +8198,14 @@ cdef class ExportDialogRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -8046,14 +8238,14 @@ cdef class ExportDialogResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -8098,14 +8290,14 @@ cdef class ImportDialogRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -8162,14 +8354,14 @@ cdef class ImportDialogResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -8223,14 +8415,14 @@ cdef class GetMemoryConsumptionRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
 
 @cython.final
@@ -8254,14 +8446,14 @@ cdef class GetMemoryConsumptionResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def captured_at_ms(self):
@@ -8322,14 +8514,14 @@ cdef class EnsureMutableKbRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8370,14 +8562,14 @@ cdef class EnsureMutableKbResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8423,14 +8615,14 @@ cdef class EnumerateMutableKbsRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
 
 @cython.final
@@ -8450,14 +8642,14 @@ cdef class EnumerateMutableKbsResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def stores(self):
@@ -8493,14 +8685,14 @@ cdef class MutableKbWriteRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8544,14 +8736,14 @@ cdef class MutableKbWriteResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8595,14 +8787,14 @@ cdef class MutableKbDeleteRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8646,14 +8838,14 @@ cdef class MutableKbDeleteResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8692,14 +8884,14 @@ cdef class MutableKbClearRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8729,14 +8921,14 @@ cdef class MutableKbClearResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8783,14 +8975,14 @@ cdef class MutableKbQueryRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8858,14 +9050,14 @@ cdef class MutableKbQueryResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8909,14 +9101,14 @@ cdef class MutableKbGetRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -8956,14 +9148,14 @@ cdef class MutableKbGetResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9015,14 +9207,14 @@ cdef class MutableKbListRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9073,14 +9265,14 @@ cdef class MutableKbListResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9130,14 +9322,14 @@ cdef class MutableKbStatsRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9173,14 +9365,14 @@ cdef class MutableKbStatsResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9252,14 +9444,14 @@ cdef class ExportMutableKbRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9289,14 +9481,14 @@ cdef class ExportMutableKbResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9336,14 +9528,14 @@ cdef class ImportMutableKbRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def snapshot(self):
@@ -9385,14 +9577,14 @@ cdef class ImportMutableKbResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def store_name(self):
@@ -9445,14 +9637,14 @@ cdef class SaveGameMemoryRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def save_id(self):
@@ -9484,14 +9676,14 @@ cdef class SaveGameMemoryResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def save_id(self):
@@ -9543,14 +9735,14 @@ cdef class LoadGameMemoryRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def save_id(self):
@@ -9594,14 +9786,14 @@ cdef class LoadGameMemoryResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def save_id(self):
@@ -9656,14 +9848,14 @@ cdef class SaveDialogRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -9708,14 +9900,14 @@ cdef class SaveDialogResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -9780,14 +9972,14 @@ cdef class LoadDialogRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -9844,14 +10036,14 @@ cdef class LoadDialogResponse(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -9902,20 +10094,33 @@ cdef class LoadDialogResponse(Table):
 @cython.no_gc
 cdef class TtsVisemeFrame(Table):
     """94. Server: viseme timings for one synthesized sentence, sent after that sentence's audio."""
+    cdef object _v_request_id
     cdef object _v_agent_id
     cdef object _v_node_name
     cdef object _v_visemes
     cdef object _v_sentence_index
-    FIELDS = ('agent_id', 'node_name', 'visemes', 'sentence_index', )
+    FIELDS = ('request_id', 'agent_id', 'node_name', 'visemes', 'sentence_index', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, )
+    _VOFFSETS = (4, 6, 8, 10, 12, )
     STRUCTURAL = frozenset(())
 
-    def __init__(self, *, agent_id=None, node_name=None, visemes=None, sentence_index=None):
+    def __init__(self, *, request_id=None, agent_id=None, node_name=None, visemes=None, sentence_index=None):
+        self._v_request_id = request_id
         self._v_agent_id = agent_id
         self._v_node_name = node_name
         self._v_visemes = visemes
         self._v_sentence_index = sentence_index
+
+    @property
+    def request_id(self):
+        """The SendMessageRequest's request_id."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return 0 if self._v_request_id is None else self._v_request_id
+        p = _tfield(self, 4, 8)
+        if p == 0:
+            return 0
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -9923,7 +10128,7 @@ cdef class TtsVisemeFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_agent_id is None else self._v_agent_id
-        p = _tfield(self, 4, 8)
+        p = _tfield(self, 6, 8)
         if p == 0:
             return 0
         return tf_ld_u64(self._src.buf + p)
@@ -9934,7 +10139,7 @@ cdef class TtsVisemeFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return '' if self._v_node_name is None else self._v_node_name
-        return _rd_string(self._src, _tfield(self, 6, 4))
+        return _rd_string(self._src, _tfield(self, 8, 4))
 
     @property
     def visemes(self):
@@ -9943,7 +10148,7 @@ cdef class TtsVisemeFrame(Table):
         cdef Py_ssize_t target, n, i
         if self._src is None:
             return () if self._v_visemes is None else self._v_visemes
-        p = _tfield(self, 8, 4)
+        p = _tfield(self, 10, 4)
         if p == 0:
             return ()
         target = _rd_target(self._src, p)
@@ -9956,7 +10161,7 @@ cdef class TtsVisemeFrame(Table):
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_sentence_index is None else self._v_sentence_index
-        p = _tfield(self, 10, 4)
+        p = _tfield(self, 12, 4)
         if p == 0:
             return 0
         return tf_ld_u32(self._src.buf + p)
@@ -9981,14 +10186,14 @@ cdef class SetAgentVoiceRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -10032,14 +10237,14 @@ cdef class SetAgentDeliveryModeRequest(Table):
 
     @property
     def request_id(self):
-        """request_id: uint"""
+        """request_id: ulong"""
         cdef Py_ssize_t p
         if self._src is None:
             return 0 if self._v_request_id is None else self._v_request_id
-        p = _tfield(self, 4, 4)
+        p = _tfield(self, 4, 8)
         if p == 0:
             return 0
-        return tf_ld_u32(self._src.buf + p)
+        return tf_ld_u64(self._src.buf + p)
 
     @property
     def agent_id(self):
@@ -10112,6 +10317,205 @@ cdef class Message(Table):
         return _VW_MessageBody[tag](self._src, _rd_target(self._src, p))
 
 
+cdef Table _vw_ToolParamDefinition(_Source src, Py_ssize_t pos):
+    cdef ToolParamDefinition t = ToolParamDefinition.__new__(ToolParamDefinition)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_ToolParamDefinition(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_field(v, t, vt, vs, ts, 10, 1)
+    p = _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_string_vector(v, p)
+    return 0
+
+
+cdef uint32_t _bg_ToolParamDefinition(Builder b, object x) except 0:
+    return _b_ToolParamDefinition(b, <ToolParamDefinition>x)
+
+
+cdef uint32_t _b_ToolParamDefinition(Builder b, ToolParamDefinition t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_name = 0
+    cdef uint32_t o_type = 0
+    cdef uint32_t o_description = 0
+    cdef uint32_t o_enum_values = 0
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, ToolParamDefinition)
+    x = t._v_name
+    if x is not None:
+        o_name = _cv_string(b, x, 'ToolParamDefinition.name')
+    x = t._v_type
+    if x is not None:
+        o_type = _cv_string(b, x, 'ToolParamDefinition.type')
+    x = t._v_description
+    if x is not None:
+        o_description = _cv_string(b, x, 'ToolParamDefinition.description')
+    x = t._v_enum_values
+    if x is not None:
+        x = _cv_sequence(x, 'ToolParamDefinition.enum_values')
+        base = b.n_scratch
+        for item in x:
+            b.push_scratch(_cv_string(b, item, 'ToolParamDefinition.enum_values[]'))
+        o_enum_values = b.offsets_vector(base)
+    b.start_object(5)
+    if o_name:
+        b.add_offset(0, o_name)
+    if o_type:
+        b.add_offset(1, o_type)
+    if o_description:
+        b.add_offset(2, o_description)
+    x = t._v_required
+    if x is not None:
+        b.add_u8(3, _cv_bool(x, 'ToolParamDefinition.required'), 1)
+    if o_enum_values:
+        b.add_offset(4, o_enum_values)
+    return b.end_object()
+
+
+cdef Table _vw_ToolDefinition(_Source src, Py_ssize_t pos):
+    cdef ToolDefinition t = ToolDefinition.__new__(ToolDefinition)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_ToolDefinition(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    p = _v_field(v, t, vt, vs, ts, 8, 4)
+    if p:
+        target = _v_target(v, p)
+        n = _v_vector(v, target, 4)
+        for i in range(n):
+            _vf_ToolParamDefinition(v, _v_target(v, target + 4 + 4 * i), depth + 1)
+    return 0
+
+
+cdef uint32_t _bg_ToolDefinition(Builder b, object x) except 0:
+    return _b_ToolDefinition(b, <ToolDefinition>x)
+
+
+cdef uint32_t _b_ToolDefinition(Builder b, ToolDefinition t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_name = 0
+    cdef uint32_t o_description = 0
+    cdef uint32_t o_parameters = 0
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, ToolDefinition)
+    x = t._v_name
+    if x is not None:
+        o_name = _cv_string(b, x, 'ToolDefinition.name')
+    x = t._v_description
+    if x is not None:
+        o_description = _cv_string(b, x, 'ToolDefinition.description')
+    x = t._v_parameters
+    if x is not None:
+        x = _cv_sequence(x, 'ToolDefinition.parameters')
+        base = b.n_scratch
+        for item in x:
+            b.push_scratch(_b_ToolParamDefinition(b, <ToolParamDefinition>_as_table(ToolParamDefinition, item, 'ToolDefinition.parameters[]')))
+        o_parameters = b.offsets_vector(base)
+    b.start_object(3)
+    if o_name:
+        b.add_offset(0, o_name)
+    if o_description:
+        b.add_offset(1, o_description)
+    if o_parameters:
+        b.add_offset(2, o_parameters)
+    return b.end_object()
+
+
+cdef Table _vw_SamplingOverrides(_Source src, Py_ssize_t pos):
+    cdef SamplingOverrides t = SamplingOverrides.__new__(SamplingOverrides)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_SamplingOverrides(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 6, 4)
+    _v_field(v, t, vt, vs, ts, 8, 4)
+    _v_field(v, t, vt, vs, ts, 10, 4)
+    _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_field(v, t, vt, vs, ts, 14, 4)
+    _v_field(v, t, vt, vs, ts, 16, 4)
+    _v_field(v, t, vt, vs, ts, 18, 4)
+    _v_field(v, t, vt, vs, ts, 20, 4)
+    p = _v_field(v, t, vt, vs, ts, 22, 4)
+    _v_string_vector(v, p)
+    return 0
+
+
+cdef uint32_t _bg_SamplingOverrides(Builder b, object x) except 0:
+    return _b_SamplingOverrides(b, <SamplingOverrides>x)
+
+
+cdef uint32_t _b_SamplingOverrides(Builder b, SamplingOverrides t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_stop = 0
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, SamplingOverrides)
+    x = t._v_stop
+    if x is not None:
+        x = _cv_sequence(x, 'SamplingOverrides.stop')
+        base = b.n_scratch
+        for item in x:
+            b.push_scratch(_cv_string(b, item, 'SamplingOverrides.stop[]'))
+        o_stop = b.offsets_vector(base)
+    b.start_object(10)
+    x = t._v_temperature
+    if x is not None:
+        b.set_f32(0, _cv_float(x, 'SamplingOverrides.temperature'))
+    x = t._v_top_p
+    if x is not None:
+        b.set_f32(1, _cv_float(x, 'SamplingOverrides.top_p'))
+    x = t._v_top_k
+    if x is not None:
+        b.set_u32(2, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.top_k'))
+    x = t._v_min_p
+    if x is not None:
+        b.set_f32(3, _cv_float(x, 'SamplingOverrides.min_p'))
+    x = t._v_max_tokens
+    if x is not None:
+        b.set_u32(4, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.max_tokens'))
+    x = t._v_seed
+    if x is not None:
+        b.set_u32(5, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.seed'))
+    x = t._v_repeat_penalty
+    if x is not None:
+        b.set_f32(6, _cv_float(x, 'SamplingOverrides.repeat_penalty'))
+    x = t._v_presence_penalty
+    if x is not None:
+        b.set_f32(7, _cv_float(x, 'SamplingOverrides.presence_penalty'))
+    x = t._v_frequency_penalty
+    if x is not None:
+        b.set_f32(8, _cv_float(x, 'SamplingOverrides.frequency_penalty'))
+    if o_stop:
+        b.add_offset(9, o_stop)
+    return b.end_object()
+
+
 cdef Table _vw_LocalizableText(_Source src, Py_ssize_t pos):
     cdef LocalizableText t = LocalizableText.__new__(LocalizableText)
     _bind(t, src, pos)
@@ -10158,82 +10562,6 @@ cdef uint32_t _b_LocalizableText(Builder b, LocalizableText t) except 0:
         b.add_offset(1, o_key)
     if o_string_table:
         b.add_offset(2, o_string_table)
-    return b.end_object()
-
-
-cdef Table _vw_SamplingOverrides(_Source src, Py_ssize_t pos):
-    cdef SamplingOverrides t = SamplingOverrides.__new__(SamplingOverrides)
-    _bind(t, src, pos)
-    return t
-
-
-cdef int _vf_SamplingOverrides(_V* v, Py_ssize_t t, int depth) except -1:
-    cdef Py_ssize_t vt, vs, ts, p, target, n, i
-    cdef uint8_t tag
-    _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
-    _v_field(v, t, vt, vs, ts, 6, 4)
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_field(v, t, vt, vs, ts, 10, 4)
-    _v_field(v, t, vt, vs, ts, 12, 4)
-    _v_field(v, t, vt, vs, ts, 14, 4)
-    _v_field(v, t, vt, vs, ts, 16, 4)
-    _v_field(v, t, vt, vs, ts, 18, 8)
-    _v_field(v, t, vt, vs, ts, 20, 4)
-    p = _v_field(v, t, vt, vs, ts, 22, 4)
-    _v_string_vector(v, p)
-    return 0
-
-
-cdef uint32_t _bg_SamplingOverrides(Builder b, object x) except 0:
-    return _b_SamplingOverrides(b, <SamplingOverrides>x)
-
-
-cdef uint32_t _b_SamplingOverrides(Builder b, SamplingOverrides t) except 0:
-    """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_stop = 0
-    cdef object x
-    cdef Py_ssize_t base, n, i
-    cdef uint8_t* img
-    if t._src is not None:
-        t = _detach(t, SamplingOverrides)
-    x = t._v_stop
-    if x is not None:
-        x = _cv_sequence(x, 'SamplingOverrides.stop')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_cv_string(b, item, 'SamplingOverrides.stop[]'))
-        o_stop = b.offsets_vector(base)
-    b.start_object(10)
-    x = t._v_temperature
-    if x is not None:
-        b.add_f32(0, _cv_float(x, 'SamplingOverrides.temperature'), -1.0)
-    x = t._v_top_k
-    if x is not None:
-        b.add_u32(1, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.top_k'), <uint32_t><int32_t>(-1))
-    x = t._v_top_p
-    if x is not None:
-        b.add_f32(2, _cv_float(x, 'SamplingOverrides.top_p'), -1.0)
-    x = t._v_min_p
-    if x is not None:
-        b.add_f32(3, _cv_float(x, 'SamplingOverrides.min_p'), -1.0)
-    x = t._v_repeat_penalty
-    if x is not None:
-        b.add_f32(4, _cv_float(x, 'SamplingOverrides.repeat_penalty'), -1.0)
-    x = t._v_presence_penalty
-    if x is not None:
-        b.add_f32(5, _cv_float(x, 'SamplingOverrides.presence_penalty'), -1.0)
-    x = t._v_frequency_penalty
-    if x is not None:
-        b.add_f32(6, _cv_float(x, 'SamplingOverrides.frequency_penalty'), -1.0)
-    x = t._v_seed
-    if x is not None:
-        b.add_u64(7, <uint64_t><int64_t>_cv_int(x, INT64_MIN, 9223372036854775807, 'SamplingOverrides.seed'), <uint64_t><int64_t>(-1))
-    x = t._v_max_tokens
-    if x is not None:
-        b.add_u32(8, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'SamplingOverrides.max_tokens'), <uint32_t><int32_t>(-1))
-    if o_stop:
-        b.add_offset(9, o_stop)
     return b.end_object()
 
 
@@ -10372,129 +10700,6 @@ cdef uint32_t _b_ModelAdaptation(Builder b, ModelAdaptation t) except 0:
     return b.end_object()
 
 
-cdef Table _vw_ToolParamDefinition(_Source src, Py_ssize_t pos):
-    cdef ToolParamDefinition t = ToolParamDefinition.__new__(ToolParamDefinition)
-    _bind(t, src, pos)
-    return t
-
-
-cdef int _vf_ToolParamDefinition(_V* v, Py_ssize_t t, int depth) except -1:
-    cdef Py_ssize_t vt, vs, ts, p, target, n, i
-    cdef uint8_t tag
-    _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
-    _v_field(v, t, vt, vs, ts, 10, 1)
-    p = _v_field(v, t, vt, vs, ts, 12, 4)
-    _v_string_vector(v, p)
-    return 0
-
-
-cdef uint32_t _bg_ToolParamDefinition(Builder b, object x) except 0:
-    return _b_ToolParamDefinition(b, <ToolParamDefinition>x)
-
-
-cdef uint32_t _b_ToolParamDefinition(Builder b, ToolParamDefinition t) except 0:
-    """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_name = 0
-    cdef uint32_t o_param_type = 0
-    cdef uint32_t o_description = 0
-    cdef uint32_t o_enum_values = 0
-    cdef object x
-    cdef Py_ssize_t base, n, i
-    cdef uint8_t* img
-    if t._src is not None:
-        t = _detach(t, ToolParamDefinition)
-    x = t._v_name
-    if x is not None:
-        o_name = _cv_string(b, x, 'ToolParamDefinition.name')
-    x = t._v_param_type
-    if x is not None:
-        o_param_type = _cv_string(b, x, 'ToolParamDefinition.param_type')
-    x = t._v_description
-    if x is not None:
-        o_description = _cv_string(b, x, 'ToolParamDefinition.description')
-    x = t._v_enum_values
-    if x is not None:
-        x = _cv_sequence(x, 'ToolParamDefinition.enum_values')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_cv_string(b, item, 'ToolParamDefinition.enum_values[]'))
-        o_enum_values = b.offsets_vector(base)
-    b.start_object(5)
-    if o_name:
-        b.add_offset(0, o_name)
-    if o_param_type:
-        b.add_offset(1, o_param_type)
-    if o_description:
-        b.add_offset(2, o_description)
-    x = t._v_required
-    if x is not None:
-        b.add_u8(3, _cv_bool(x, 'ToolParamDefinition.required'), 1)
-    if o_enum_values:
-        b.add_offset(4, o_enum_values)
-    return b.end_object()
-
-
-cdef Table _vw_ToolDefinition(_Source src, Py_ssize_t pos):
-    cdef ToolDefinition t = ToolDefinition.__new__(ToolDefinition)
-    _bind(t, src, pos)
-    return t
-
-
-cdef int _vf_ToolDefinition(_V* v, Py_ssize_t t, int depth) except -1:
-    cdef Py_ssize_t vt, vs, ts, p, target, n, i
-    cdef uint8_t tag
-    _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    p = _v_field(v, t, vt, vs, ts, 8, 4)
-    if p:
-        target = _v_target(v, p)
-        n = _v_vector(v, target, 4)
-        for i in range(n):
-            _vf_ToolParamDefinition(v, _v_target(v, target + 4 + 4 * i), depth + 1)
-    return 0
-
-
-cdef uint32_t _bg_ToolDefinition(Builder b, object x) except 0:
-    return _b_ToolDefinition(b, <ToolDefinition>x)
-
-
-cdef uint32_t _b_ToolDefinition(Builder b, ToolDefinition t) except 0:
-    """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_name = 0
-    cdef uint32_t o_description = 0
-    cdef uint32_t o_parameters = 0
-    cdef object x
-    cdef Py_ssize_t base, n, i
-    cdef uint8_t* img
-    if t._src is not None:
-        t = _detach(t, ToolDefinition)
-    x = t._v_name
-    if x is not None:
-        o_name = _cv_string(b, x, 'ToolDefinition.name')
-    x = t._v_description
-    if x is not None:
-        o_description = _cv_string(b, x, 'ToolDefinition.description')
-    x = t._v_parameters
-    if x is not None:
-        x = _cv_sequence(x, 'ToolDefinition.parameters')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_b_ToolParamDefinition(b, <ToolParamDefinition>_as_table(ToolParamDefinition, item, 'ToolDefinition.parameters[]')))
-        o_parameters = b.offsets_vector(base)
-    b.start_object(3)
-    if o_name:
-        b.add_offset(0, o_name)
-    if o_description:
-        b.add_offset(1, o_description)
-    if o_parameters:
-        b.add_offset(2, o_parameters)
-    return b.end_object()
-
-
 cdef Table _vw_AttributeDefinition(_Source src, Py_ssize_t pos):
     cdef AttributeDefinition t = AttributeDefinition.__new__(AttributeDefinition)
     _bind(t, src, pos)
@@ -10580,21 +10785,21 @@ cdef int _vf_GenerateParams(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
-    _v_field(v, t, vt, vs, ts, 14, 1)
-    _v_field(v, t, vt, vs, ts, 16, 1)
-    p = _v_field(v, t, vt, vs, ts, 18, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_field(v, t, vt, vs, ts, 10, 1)
+    p = _v_field(v, t, vt, vs, ts, 14, 4)
     if p:
         _vf_SamplingOverrides(v, _v_target(v, p), depth + 1)
-    p = _v_field(v, t, vt, vs, ts, 20, 4)
-    if p:
-        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 22, 4))
-    p = _v_field(v, t, vt, vs, ts, 24, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 16, 4))
+    p = _v_field(v, t, vt, vs, ts, 18, 4)
     if p:
         _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 20, 4))
+    _v_field(v, t, vt, vs, ts, 22, 4)
+    _v_field(v, t, vt, vs, ts, 24, 1)
+    p = _v_field(v, t, vt, vs, ts, 26, 4)
+    if p:
+        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
     return 0
 
 
@@ -10605,13 +10810,13 @@ cdef uint32_t _bg_GenerateParams(Builder b, object x) except 0:
 cdef uint32_t _b_GenerateParams(Builder b, GenerateParams t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_model_name = 0
-    cdef uint32_t o_input = 0
     cdef uint32_t o_system_prompt = 0
     cdef uint32_t o_template = 0
     cdef uint32_t o_sampling = 0
-    cdef uint32_t o_context = 0
     cdef uint32_t o_default_exit = 0
     cdef uint32_t o_adaptation = 0
+    cdef uint32_t o_input = 0
+    cdef uint32_t o_context = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
@@ -10620,9 +10825,6 @@ cdef uint32_t _b_GenerateParams(Builder b, GenerateParams t) except 0:
     x = t._v_model_name
     if x is not None:
         o_model_name = _cv_string(b, x, 'GenerateParams.model_name')
-    x = t._v_input
-    if x is not None:
-        o_input = _cv_string(b, x, 'GenerateParams.input')
     x = t._v_system_prompt
     if x is not None:
         o_system_prompt = _cv_string(b, x, 'GenerateParams.system_prompt')
@@ -10632,41 +10834,105 @@ cdef uint32_t _b_GenerateParams(Builder b, GenerateParams t) except 0:
     x = t._v_sampling
     if x is not None:
         o_sampling = _b_SamplingOverrides(b, <SamplingOverrides>_as_table(SamplingOverrides, x, 'GenerateParams.sampling'))
-    x = t._v_context
-    if x is not None:
-        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'GenerateParams.context'))
     x = t._v_default_exit
     if x is not None:
         o_default_exit = _cv_string(b, x, 'GenerateParams.default_exit')
     x = t._v_adaptation
     if x is not None:
         o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'GenerateParams.adaptation'))
-    b.start_object(11)
+    x = t._v_input
+    if x is not None:
+        o_input = _cv_string(b, x, 'GenerateParams.input')
+    x = t._v_context
+    if x is not None:
+        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'GenerateParams.context'))
+    b.start_object(12)
     if o_model_name:
         b.add_offset(0, o_model_name)
-    if o_input:
-        b.add_offset(1, o_input)
-    x = t._v_context_size
-    if x is not None:
-        b.add_u32(2, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateParams.context_size'), 0)
     if o_system_prompt:
-        b.add_offset(3, o_system_prompt)
+        b.add_offset(1, o_system_prompt)
     if o_template:
-        b.add_offset(4, o_template)
+        b.add_offset(2, o_template)
     x = t._v_placement
     if x is not None:
-        b.add_u8(5, <uint8_t>_cv_uint(x, 255u, 'GenerateParams.placement'), 0)
+        b.add_u8(3, <uint8_t>_cv_uint(x, 255u, 'GenerateParams.placement'), 2u)
+    if o_sampling:
+        b.add_offset(5, o_sampling)
+    if o_default_exit:
+        b.add_offset(6, o_default_exit)
+    if o_adaptation:
+        b.add_offset(7, o_adaptation)
+    if o_input:
+        b.add_offset(8, o_input)
+    x = t._v_context_size
+    if x is not None:
+        b.add_u32(9, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateParams.context_size'), 0)
     x = t._v_send
     if x is not None:
-        b.add_u8(6, <uint8_t>_cv_uint(x, 255u, 'GenerateParams.send'), 0)
-    if o_sampling:
-        b.add_offset(7, o_sampling)
+        b.add_u8(10, <uint8_t>_cv_uint(x, 255u, 'GenerateParams.send'), 0)
     if o_context:
-        b.add_offset(8, o_context)
-    if o_default_exit:
-        b.add_offset(9, o_default_exit)
-    if o_adaptation:
-        b.add_offset(10, o_adaptation)
+        b.add_offset(11, o_context)
+    return b.end_object()
+
+
+cdef Table _vw_HumanMessageGuardrailParams(_Source src, Py_ssize_t pos):
+    cdef HumanMessageGuardrailParams t = HumanMessageGuardrailParams.__new__(HumanMessageGuardrailParams)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_HumanMessageGuardrailParams(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
+    p = _v_field(v, t, vt, vs, ts, 6, 4)
+    _v_string_vector(v, p)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    return 0
+
+
+cdef uint32_t _bg_HumanMessageGuardrailParams(Builder b, object x) except 0:
+    return _b_HumanMessageGuardrailParams(b, <HumanMessageGuardrailParams>x)
+
+
+cdef uint32_t _b_HumanMessageGuardrailParams(Builder b, HumanMessageGuardrailParams t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_string_storage = 0
+    cdef uint32_t o_inline_strings = 0
+    cdef uint32_t o_triggered_exit = 0
+    cdef uint32_t o_not_triggered_exit = 0
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, HumanMessageGuardrailParams)
+    x = t._v_string_storage
+    if x is not None:
+        o_string_storage = _cv_string(b, x, 'HumanMessageGuardrailParams.string_storage')
+    x = t._v_inline_strings
+    if x is not None:
+        x = _cv_sequence(x, 'HumanMessageGuardrailParams.inline_strings')
+        base = b.n_scratch
+        for item in x:
+            b.push_scratch(_cv_string(b, item, 'HumanMessageGuardrailParams.inline_strings[]'))
+        o_inline_strings = b.offsets_vector(base)
+    x = t._v_triggered_exit
+    if x is not None:
+        o_triggered_exit = _cv_string(b, x, 'HumanMessageGuardrailParams.triggered_exit')
+    x = t._v_not_triggered_exit
+    if x is not None:
+        o_not_triggered_exit = _cv_string(b, x, 'HumanMessageGuardrailParams.not_triggered_exit')
+    b.start_object(4)
+    if o_string_storage:
+        b.add_offset(0, o_string_storage)
+    if o_inline_strings:
+        b.add_offset(1, o_inline_strings)
+    if o_triggered_exit:
+        b.add_offset(2, o_triggered_exit)
+    if o_not_triggered_exit:
+        b.add_offset(3, o_not_triggered_exit)
     return b.end_object()
 
 
@@ -10724,7 +10990,7 @@ cdef uint32_t _b_CannedResponseParams(Builder b, CannedResponseParams t) except 
         b.add_offset(0, o_string_storage)
     x = t._v_selection_strategy
     if x is not None:
-        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'CannedResponseParams.selection_strategy'), 0)
+        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'CannedResponseParams.selection_strategy'), 2u)
     if o_default_exit:
         b.add_offset(3, o_default_exit)
     if o_lines:
@@ -10732,113 +10998,136 @@ cdef uint32_t _b_CannedResponseParams(Builder b, CannedResponseParams t) except 
     return b.end_object()
 
 
-cdef Table _vw_InstructionParams(_Source src, Py_ssize_t pos):
-    cdef InstructionParams t = InstructionParams.__new__(InstructionParams)
+cdef Table _vw_ToolCallParams(_Source src, Py_ssize_t pos):
+    cdef ToolCallParams t = ToolCallParams.__new__(ToolCallParams)
     _bind(t, src, pos)
     return t
 
 
-cdef int _vf_InstructionParams(_V* v, Py_ssize_t t, int depth) except -1:
+cdef int _vf_ToolCallParams(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    p = _v_field(v, t, vt, vs, ts, 10, 4)
+    if p:
+        target = _v_target(v, p)
+        n = _v_vector(v, target, 4)
+        for i in range(n):
+            _vf_ToolDefinition(v, _v_target(v, target + 4 + 4 * i), depth + 1)
+    _v_field(v, t, vt, vs, ts, 14, 1)
+    p = _v_field(v, t, vt, vs, ts, 16, 4)
+    if p:
+        _vf_SamplingOverrides(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 18, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 20, 4))
+    _v_field(v, t, vt, vs, ts, 22, 4)
+    p = _v_field(v, t, vt, vs, ts, 24, 4)
+    if p:
+        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 26, 4))
+    _v_field(v, t, vt, vs, ts, 28, 4)
+    _v_field(v, t, vt, vs, ts, 30, 1)
+    _v_field(v, t, vt, vs, ts, 32, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 34, 4))
+    p = _v_field(v, t, vt, vs, ts, 36, 4)
+    if p:
+        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
     return 0
 
 
-cdef uint32_t _bg_InstructionParams(Builder b, object x) except 0:
-    return _b_InstructionParams(b, <InstructionParams>x)
+cdef uint32_t _bg_ToolCallParams(Builder b, object x) except 0:
+    return _b_ToolCallParams(b, <ToolCallParams>x)
 
 
-cdef uint32_t _b_InstructionParams(Builder b, InstructionParams t) except 0:
+cdef uint32_t _b_ToolCallParams(Builder b, ToolCallParams t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_instruction_name = 0
-    cdef uint32_t o_text = 0
-    cdef uint32_t o_default_exit = 0
+    cdef uint32_t o_model_name = 0
+    cdef uint32_t o_system_prompt = 0
+    cdef uint32_t o_tools = 0
+    cdef uint32_t o_sampling = 0
+    cdef uint32_t o_tool_called_exit = 0
+    cdef uint32_t o_no_tool_called_exit = 0
+    cdef uint32_t o_adaptation = 0
+    cdef uint32_t o_input = 0
+    cdef uint32_t o_acknowledge_text = 0
+    cdef uint32_t o_context = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
-        t = _detach(t, InstructionParams)
-    x = t._v_instruction_name
+        t = _detach(t, ToolCallParams)
+    x = t._v_model_name
     if x is not None:
-        o_instruction_name = _cv_string(b, x, 'InstructionParams.instruction_name')
-    x = t._v_text
+        o_model_name = _cv_string(b, x, 'ToolCallParams.model_name')
+    x = t._v_system_prompt
     if x is not None:
-        o_text = _cv_string(b, x, 'InstructionParams.text')
-    x = t._v_default_exit
+        o_system_prompt = _cv_string(b, x, 'ToolCallParams.system_prompt')
+    x = t._v_tools
     if x is not None:
-        o_default_exit = _cv_string(b, x, 'InstructionParams.default_exit')
-    b.start_object(3)
-    if o_instruction_name:
-        b.add_offset(0, o_instruction_name)
-    if o_text:
-        b.add_offset(1, o_text)
-    if o_default_exit:
-        b.add_offset(2, o_default_exit)
-    return b.end_object()
-
-
-cdef Table _vw_HumanMessageGuardrailParams(_Source src, Py_ssize_t pos):
-    cdef HumanMessageGuardrailParams t = HumanMessageGuardrailParams.__new__(HumanMessageGuardrailParams)
-    _bind(t, src, pos)
-    return t
-
-
-cdef int _vf_HumanMessageGuardrailParams(_V* v, Py_ssize_t t, int depth) except -1:
-    cdef Py_ssize_t vt, vs, ts, p, target, n, i
-    cdef uint8_t tag
-    _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
-    p = _v_field(v, t, vt, vs, ts, 6, 4)
-    _v_string_vector(v, p)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
-    return 0
-
-
-cdef uint32_t _bg_HumanMessageGuardrailParams(Builder b, object x) except 0:
-    return _b_HumanMessageGuardrailParams(b, <HumanMessageGuardrailParams>x)
-
-
-cdef uint32_t _b_HumanMessageGuardrailParams(Builder b, HumanMessageGuardrailParams t) except 0:
-    """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_string_storage = 0
-    cdef uint32_t o_patterns = 0
-    cdef uint32_t o_triggered_exit = 0
-    cdef uint32_t o_not_triggered_exit = 0
-    cdef object x
-    cdef Py_ssize_t base, n, i
-    cdef uint8_t* img
-    if t._src is not None:
-        t = _detach(t, HumanMessageGuardrailParams)
-    x = t._v_string_storage
-    if x is not None:
-        o_string_storage = _cv_string(b, x, 'HumanMessageGuardrailParams.string_storage')
-    x = t._v_patterns
-    if x is not None:
-        x = _cv_sequence(x, 'HumanMessageGuardrailParams.patterns')
+        x = _cv_sequence(x, 'ToolCallParams.tools')
         base = b.n_scratch
         for item in x:
-            b.push_scratch(_cv_string(b, item, 'HumanMessageGuardrailParams.patterns[]'))
-        o_patterns = b.offsets_vector(base)
-    x = t._v_triggered_exit
+            b.push_scratch(_b_ToolDefinition(b, <ToolDefinition>_as_table(ToolDefinition, item, 'ToolCallParams.tools[]')))
+        o_tools = b.offsets_vector(base)
+    x = t._v_sampling
     if x is not None:
-        o_triggered_exit = _cv_string(b, x, 'HumanMessageGuardrailParams.triggered_exit')
-    x = t._v_not_triggered_exit
+        o_sampling = _b_SamplingOverrides(b, <SamplingOverrides>_as_table(SamplingOverrides, x, 'ToolCallParams.sampling'))
+    x = t._v_tool_called_exit
     if x is not None:
-        o_not_triggered_exit = _cv_string(b, x, 'HumanMessageGuardrailParams.not_triggered_exit')
-    b.start_object(4)
-    if o_string_storage:
-        b.add_offset(0, o_string_storage)
-    if o_patterns:
-        b.add_offset(1, o_patterns)
-    if o_triggered_exit:
-        b.add_offset(2, o_triggered_exit)
-    if o_not_triggered_exit:
-        b.add_offset(3, o_not_triggered_exit)
+        o_tool_called_exit = _cv_string(b, x, 'ToolCallParams.tool_called_exit')
+    x = t._v_no_tool_called_exit
+    if x is not None:
+        o_no_tool_called_exit = _cv_string(b, x, 'ToolCallParams.no_tool_called_exit')
+    x = t._v_adaptation
+    if x is not None:
+        o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'ToolCallParams.adaptation'))
+    x = t._v_input
+    if x is not None:
+        o_input = _cv_string(b, x, 'ToolCallParams.input')
+    x = t._v_acknowledge_text
+    if x is not None:
+        o_acknowledge_text = _cv_string(b, x, 'ToolCallParams.acknowledge_text')
+    x = t._v_context
+    if x is not None:
+        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'ToolCallParams.context'))
+    b.start_object(17)
+    if o_model_name:
+        b.add_offset(0, o_model_name)
+    if o_system_prompt:
+        b.add_offset(1, o_system_prompt)
+    if o_tools:
+        b.add_offset(3, o_tools)
+    x = t._v_disposition
+    if x is not None:
+        b.add_u8(5, <uint8_t>_cv_uint(x, 255u, 'ToolCallParams.disposition'), 1u)
+    if o_sampling:
+        b.add_offset(6, o_sampling)
+    if o_tool_called_exit:
+        b.add_offset(7, o_tool_called_exit)
+    if o_no_tool_called_exit:
+        b.add_offset(8, o_no_tool_called_exit)
+    x = t._v_pause_timeout_ms
+    if x is not None:
+        b.add_u32(9, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ToolCallParams.pause_timeout_ms'), 0)
+    if o_adaptation:
+        b.add_offset(10, o_adaptation)
+    if o_input:
+        b.add_offset(11, o_input)
+    x = t._v_context_size
+    if x is not None:
+        b.add_u32(12, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ToolCallParams.context_size'), 0)
+    x = t._v_mode
+    if x is not None:
+        b.add_u8(13, <uint8_t>_cv_uint(x, 255u, 'ToolCallParams.mode'), 1u)
+    x = t._v_parallel_tool_calls
+    if x is not None:
+        b.add_u8(14, _cv_bool(x, 'ToolCallParams.parallel_tool_calls'), 0)
+    if o_acknowledge_text:
+        b.add_offset(15, o_acknowledge_text)
+    if o_context:
+        b.add_offset(16, o_context)
     return b.end_object()
 
 
@@ -10921,6 +11210,55 @@ cdef uint32_t _b_RetrieveParams(Builder b, RetrieveParams t) except 0:
     return b.end_object()
 
 
+cdef Table _vw_InstructionParams(_Source src, Py_ssize_t pos):
+    cdef InstructionParams t = InstructionParams.__new__(InstructionParams)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_InstructionParams(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    return 0
+
+
+cdef uint32_t _bg_InstructionParams(Builder b, object x) except 0:
+    return _b_InstructionParams(b, <InstructionParams>x)
+
+
+cdef uint32_t _b_InstructionParams(Builder b, InstructionParams t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_instruction_name = 0
+    cdef uint32_t o_instruction = 0
+    cdef uint32_t o_default_exit = 0
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, InstructionParams)
+    x = t._v_instruction_name
+    if x is not None:
+        o_instruction_name = _cv_string(b, x, 'InstructionParams.instruction_name')
+    x = t._v_instruction
+    if x is not None:
+        o_instruction = _cv_string(b, x, 'InstructionParams.instruction')
+    x = t._v_default_exit
+    if x is not None:
+        o_default_exit = _cv_string(b, x, 'InstructionParams.default_exit')
+    b.start_object(3)
+    if o_instruction_name:
+        b.add_offset(0, o_instruction_name)
+    if o_instruction:
+        b.add_offset(1, o_instruction)
+    if o_default_exit:
+        b.add_offset(2, o_default_exit)
+    return b.end_object()
+
+
 cdef Table _vw_ClassifyIntentParams(_Source src, Py_ssize_t pos):
     cdef ClassifyIntentParams t = ClassifyIntentParams.__new__(ClassifyIntentParams)
     _bind(t, src, pos)
@@ -10936,8 +11274,9 @@ cdef int _vf_ClassifyIntentParams(_V* v, Py_ssize_t t, int depth) except -1:
     _v_field(v, t, vt, vs, ts, 8, 4)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
     _v_field(v, t, vt, vs, ts, 12, 1)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 14, 4))
+    _v_field(v, t, vt, vs, ts, 14, 4)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 16, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 18, 4))
     return 0
 
 
@@ -10972,7 +11311,7 @@ cdef uint32_t _b_ClassifyIntentParams(Builder b, ClassifyIntentParams t) except 
     x = t._v_not_found_exit
     if x is not None:
         o_not_found_exit = _cv_string(b, x, 'ClassifyIntentParams.not_found_exit')
-    b.start_object(7)
+    b.start_object(8)
     if o_embedded_string_storage:
         b.add_offset(0, o_embedded_string_storage)
     if o_metadata_field:
@@ -10985,10 +11324,13 @@ cdef uint32_t _b_ClassifyIntentParams(Builder b, ClassifyIntentParams t) except 
     x = t._v_notify_client
     if x is not None:
         b.add_u8(4, <uint8_t>_cv_uint(x, 255u, 'ClassifyIntentParams.notify_client'), 0)
+    x = t._v_diagnostic_topk
+    if x is not None:
+        b.add_u32(5, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ClassifyIntentParams.diagnostic_topk'), 5u)
     if o_found_exit:
-        b.add_offset(5, o_found_exit)
+        b.add_offset(6, o_found_exit)
     if o_not_found_exit:
-        b.add_offset(6, o_not_found_exit)
+        b.add_offset(7, o_not_found_exit)
     return b.end_object()
 
 
@@ -11004,25 +11346,23 @@ cdef int _vf_ClassifyIntentLLMParams(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
-    p = _v_field(v, t, vt, vs, ts, 12, 4)
-    _v_string_vector(v, p)
-    p = _v_field(v, t, vt, vs, ts, 14, 4)
-    _v_string_vector(v, p)
+    _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_field(v, t, vt, vs, ts, 14, 4)
     _v_field(v, t, vt, vs, ts, 16, 4)
-    _v_field(v, t, vt, vs, ts, 18, 4)
-    _v_field(v, t, vt, vs, ts, 20, 4)
+    _v_field(v, t, vt, vs, ts, 18, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 20, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 22, 4))
-    _v_field(v, t, vt, vs, ts, 24, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 24, 4))
     p = _v_field(v, t, vt, vs, ts, 26, 4)
     if p:
-        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
+        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 28, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 30, 4))
+    _v_field(v, t, vt, vs, ts, 30, 4)
     p = _v_field(v, t, vt, vs, ts, 32, 4)
     if p:
-        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
+        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
     return 0
 
 
@@ -11032,50 +11372,36 @@ cdef uint32_t _bg_ClassifyIntentLLMParams(Builder b, object x) except 0:
 
 cdef uint32_t _b_ClassifyIntentLLMParams(Builder b, ClassifyIntentLLMParams t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_input = 0
     cdef uint32_t o_model_name = 0
-    cdef uint32_t o_system_prompt = 0
     cdef uint32_t o_intents_ids = 0
-    cdef uint32_t o_intents_descriptions = 0
+    cdef uint32_t o_intents_prompt = 0
+    cdef uint32_t o_system_prompt = 0
     cdef uint32_t o_not_found_intent = 0
-    cdef uint32_t o_context = 0
     cdef uint32_t o_found_exit = 0
     cdef uint32_t o_not_found_exit = 0
     cdef uint32_t o_adaptation = 0
+    cdef uint32_t o_input = 0
+    cdef uint32_t o_context = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, ClassifyIntentLLMParams)
-    x = t._v_input
-    if x is not None:
-        o_input = _cv_string(b, x, 'ClassifyIntentLLMParams.input')
     x = t._v_model_name
     if x is not None:
         o_model_name = _cv_string(b, x, 'ClassifyIntentLLMParams.model_name')
+    x = t._v_intents_ids
+    if x is not None:
+        o_intents_ids = _cv_string(b, x, 'ClassifyIntentLLMParams.intents_ids')
+    x = t._v_intents_prompt
+    if x is not None:
+        o_intents_prompt = _cv_string(b, x, 'ClassifyIntentLLMParams.intents_prompt')
     x = t._v_system_prompt
     if x is not None:
         o_system_prompt = _cv_string(b, x, 'ClassifyIntentLLMParams.system_prompt')
-    x = t._v_intents_ids
-    if x is not None:
-        x = _cv_sequence(x, 'ClassifyIntentLLMParams.intents_ids')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_cv_string(b, item, 'ClassifyIntentLLMParams.intents_ids[]'))
-        o_intents_ids = b.offsets_vector(base)
-    x = t._v_intents_descriptions
-    if x is not None:
-        x = _cv_sequence(x, 'ClassifyIntentLLMParams.intents_descriptions')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_cv_string(b, item, 'ClassifyIntentLLMParams.intents_descriptions[]'))
-        o_intents_descriptions = b.offsets_vector(base)
     x = t._v_not_found_intent
     if x is not None:
         o_not_found_intent = _cv_string(b, x, 'ClassifyIntentLLMParams.not_found_intent')
-    x = t._v_context
-    if x is not None:
-        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'ClassifyIntentLLMParams.context'))
     x = t._v_found_exit
     if x is not None:
         o_found_exit = _cv_string(b, x, 'ClassifyIntentLLMParams.found_exit')
@@ -11085,42 +11411,48 @@ cdef uint32_t _b_ClassifyIntentLLMParams(Builder b, ClassifyIntentLLMParams t) e
     x = t._v_adaptation
     if x is not None:
         o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'ClassifyIntentLLMParams.adaptation'))
-    b.start_object(15)
-    if o_input:
-        b.add_offset(0, o_input)
-    if o_model_name:
-        b.add_offset(1, o_model_name)
-    x = t._v_context_size
+    x = t._v_input
     if x is not None:
-        b.add_u32(2, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ClassifyIntentLLMParams.context_size'), 0)
+        o_input = _cv_string(b, x, 'ClassifyIntentLLMParams.input')
+    x = t._v_context
+    if x is not None:
+        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'ClassifyIntentLLMParams.context'))
+    b.start_object(15)
+    if o_model_name:
+        b.add_offset(0, o_model_name)
+    if o_intents_ids:
+        b.add_offset(1, o_intents_ids)
+    if o_intents_prompt:
+        b.add_offset(2, o_intents_prompt)
     if o_system_prompt:
         b.add_offset(3, o_system_prompt)
-    if o_intents_ids:
-        b.add_offset(4, o_intents_ids)
-    if o_intents_descriptions:
-        b.add_offset(5, o_intents_descriptions)
-    x = t._v_threshold
-    if x is not None:
-        b.add_f32(6, _cv_float(x, 'ClassifyIntentLLMParams.threshold'), 0.5)
-    x = t._v_margin
-    if x is not None:
-        b.add_f32(7, _cv_float(x, 'ClassifyIntentLLMParams.margin'), 0.15)
     x = t._v_history_turns
     if x is not None:
-        b.add_u32(8, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ClassifyIntentLLMParams.history_turns'), 2u)
-    if o_not_found_intent:
-        b.add_offset(9, o_not_found_intent)
+        b.add_u32(4, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ClassifyIntentLLMParams.history_turns'), 2u)
+    x = t._v_threshold
+    if x is not None:
+        b.add_f32(5, _cv_float(x, 'ClassifyIntentLLMParams.threshold'), 0.5)
+    x = t._v_margin
+    if x is not None:
+        b.add_f32(6, _cv_float(x, 'ClassifyIntentLLMParams.margin'), 0.15)
     x = t._v_notify_client
     if x is not None:
-        b.add_u8(10, <uint8_t>_cv_uint(x, 255u, 'ClassifyIntentLLMParams.notify_client'), 0)
-    if o_context:
-        b.add_offset(11, o_context)
+        b.add_u8(7, <uint8_t>_cv_uint(x, 255u, 'ClassifyIntentLLMParams.notify_client'), 0)
+    if o_not_found_intent:
+        b.add_offset(8, o_not_found_intent)
     if o_found_exit:
-        b.add_offset(12, o_found_exit)
+        b.add_offset(9, o_found_exit)
     if o_not_found_exit:
-        b.add_offset(13, o_not_found_exit)
+        b.add_offset(10, o_not_found_exit)
     if o_adaptation:
-        b.add_offset(14, o_adaptation)
+        b.add_offset(11, o_adaptation)
+    if o_input:
+        b.add_offset(12, o_input)
+    x = t._v_context_size
+    if x is not None:
+        b.add_u32(13, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ClassifyIntentLLMParams.context_size'), 0)
+    if o_context:
+        b.add_offset(14, o_context)
     return b.end_object()
 
 
@@ -11201,182 +11533,113 @@ cdef uint32_t _b_IntentToInstructionParams(Builder b, IntentToInstructionParams 
     return b.end_object()
 
 
-cdef Table _vw_ToolCallParams(_Source src, Py_ssize_t pos):
-    cdef ToolCallParams t = ToolCallParams.__new__(ToolCallParams)
+cdef Table _vw_GenerateAndSpeakParams(_Source src, Py_ssize_t pos):
+    cdef GenerateAndSpeakParams t = GenerateAndSpeakParams.__new__(GenerateAndSpeakParams)
     _bind(t, src, pos)
     return t
 
 
-cdef int _vf_ToolCallParams(_V* v, Py_ssize_t t, int depth) except -1:
+cdef int _vf_GenerateAndSpeakParams(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_field(v, t, vt, vs, ts, 10, 1)
     p = _v_field(v, t, vt, vs, ts, 12, 4)
     if p:
-        target = _v_target(v, p)
-        n = _v_vector(v, target, 4)
-        for i in range(n):
-            _vf_ToolDefinition(v, _v_target(v, target + 4 + 4 * i), depth + 1)
-    _v_field(v, t, vt, vs, ts, 16, 1)
-    _v_field(v, t, vt, vs, ts, 18, 1)
-    _v_field(v, t, vt, vs, ts, 20, 1)
+        _vf_SamplingOverrides(v, _v_target(v, p), depth + 1)
+    _v_field(v, t, vt, vs, ts, 14, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 16, 4))
+    _v_field(v, t, vt, vs, ts, 18, 4)
+    p = _v_field(v, t, vt, vs, ts, 20, 4)
+    if p:
+        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 22, 4))
     _v_field(v, t, vt, vs, ts, 24, 4)
-    p = _v_field(v, t, vt, vs, ts, 26, 4)
-    if p:
-        _vf_SamplingOverrides(v, _v_target(v, p), depth + 1)
+    _v_field(v, t, vt, vs, ts, 26, 1)
     p = _v_field(v, t, vt, vs, ts, 28, 4)
     if p:
         _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 30, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 32, 4))
-    p = _v_field(v, t, vt, vs, ts, 34, 4)
-    if p:
-        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
     return 0
 
 
-cdef uint32_t _bg_ToolCallParams(Builder b, object x) except 0:
-    return _b_ToolCallParams(b, <ToolCallParams>x)
+cdef uint32_t _bg_GenerateAndSpeakParams(Builder b, object x) except 0:
+    return _b_GenerateAndSpeakParams(b, <GenerateAndSpeakParams>x)
 
 
-cdef uint32_t _b_ToolCallParams(Builder b, ToolCallParams t) except 0:
+cdef uint32_t _b_GenerateAndSpeakParams(Builder b, GenerateAndSpeakParams t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_input = 0
     cdef uint32_t o_model_name = 0
     cdef uint32_t o_system_prompt = 0
-    cdef uint32_t o_tools = 0
-    cdef uint32_t o_acknowledge_text = 0
+    cdef uint32_t o_template = 0
     cdef uint32_t o_sampling = 0
-    cdef uint32_t o_context = 0
-    cdef uint32_t o_tool_called_exit = 0
-    cdef uint32_t o_no_tool_called_exit = 0
+    cdef uint32_t o_default_exit = 0
     cdef uint32_t o_adaptation = 0
+    cdef uint32_t o_input = 0
+    cdef uint32_t o_context = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
-        t = _detach(t, ToolCallParams)
-    x = t._v_input
-    if x is not None:
-        o_input = _cv_string(b, x, 'ToolCallParams.input')
+        t = _detach(t, GenerateAndSpeakParams)
     x = t._v_model_name
     if x is not None:
-        o_model_name = _cv_string(b, x, 'ToolCallParams.model_name')
+        o_model_name = _cv_string(b, x, 'GenerateAndSpeakParams.model_name')
     x = t._v_system_prompt
     if x is not None:
-        o_system_prompt = _cv_string(b, x, 'ToolCallParams.system_prompt')
-    x = t._v_tools
+        o_system_prompt = _cv_string(b, x, 'GenerateAndSpeakParams.system_prompt')
+    x = t._v_template
     if x is not None:
-        x = _cv_sequence(x, 'ToolCallParams.tools')
-        base = b.n_scratch
-        for item in x:
-            b.push_scratch(_b_ToolDefinition(b, <ToolDefinition>_as_table(ToolDefinition, item, 'ToolCallParams.tools[]')))
-        o_tools = b.offsets_vector(base)
-    x = t._v_acknowledge_text
-    if x is not None:
-        o_acknowledge_text = _cv_string(b, x, 'ToolCallParams.acknowledge_text')
+        o_template = _cv_string(b, x, 'GenerateAndSpeakParams.template')
     x = t._v_sampling
     if x is not None:
-        o_sampling = _b_SamplingOverrides(b, <SamplingOverrides>_as_table(SamplingOverrides, x, 'ToolCallParams.sampling'))
-    x = t._v_context
-    if x is not None:
-        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'ToolCallParams.context'))
-    x = t._v_tool_called_exit
-    if x is not None:
-        o_tool_called_exit = _cv_string(b, x, 'ToolCallParams.tool_called_exit')
-    x = t._v_no_tool_called_exit
-    if x is not None:
-        o_no_tool_called_exit = _cv_string(b, x, 'ToolCallParams.no_tool_called_exit')
-    x = t._v_adaptation
-    if x is not None:
-        o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'ToolCallParams.adaptation'))
-    b.start_object(16)
-    if o_input:
-        b.add_offset(0, o_input)
-    if o_model_name:
-        b.add_offset(1, o_model_name)
-    x = t._v_context_size
-    if x is not None:
-        b.add_u32(2, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ToolCallParams.context_size'), 0)
-    if o_system_prompt:
-        b.add_offset(3, o_system_prompt)
-    if o_tools:
-        b.add_offset(4, o_tools)
-    x = t._v_mode
-    if x is not None:
-        b.add_u8(6, <uint8_t>_cv_uint(x, 255u, 'ToolCallParams.mode'), 1u)
-    x = t._v_parallel_tool_calls
-    if x is not None:
-        b.add_u8(7, _cv_bool(x, 'ToolCallParams.parallel_tool_calls'), 0)
-    x = t._v_disposition
-    if x is not None:
-        b.add_u8(8, <uint8_t>_cv_uint(x, 255u, 'ToolCallParams.disposition'), 1u)
-    if o_acknowledge_text:
-        b.add_offset(9, o_acknowledge_text)
-    x = t._v_pause_timeout_ms
-    if x is not None:
-        b.add_u32(10, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'ToolCallParams.pause_timeout_ms'), 0)
-    if o_sampling:
-        b.add_offset(11, o_sampling)
-    if o_context:
-        b.add_offset(12, o_context)
-    if o_tool_called_exit:
-        b.add_offset(13, o_tool_called_exit)
-    if o_no_tool_called_exit:
-        b.add_offset(14, o_no_tool_called_exit)
-    if o_adaptation:
-        b.add_offset(15, o_adaptation)
-    return b.end_object()
-
-
-cdef Table _vw_PauseParams(_Source src, Py_ssize_t pos):
-    cdef PauseParams t = PauseParams.__new__(PauseParams)
-    _bind(t, src, pos)
-    return t
-
-
-cdef int _vf_PauseParams(_V* v, Py_ssize_t t, int depth) except -1:
-    cdef Py_ssize_t vt, vs, ts, p, target, n, i
-    cdef uint8_t tag
-    _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
-    return 0
-
-
-cdef uint32_t _bg_PauseParams(Builder b, object x) except 0:
-    return _b_PauseParams(b, <PauseParams>x)
-
-
-cdef uint32_t _b_PauseParams(Builder b, PauseParams t) except 0:
-    """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_default_exit = 0
-    cdef uint32_t o_timeout_exit = 0
-    cdef object x
-    cdef Py_ssize_t base, n, i
-    cdef uint8_t* img
-    if t._src is not None:
-        t = _detach(t, PauseParams)
+        o_sampling = _b_SamplingOverrides(b, <SamplingOverrides>_as_table(SamplingOverrides, x, 'GenerateAndSpeakParams.sampling'))
     x = t._v_default_exit
     if x is not None:
-        o_default_exit = _cv_string(b, x, 'PauseParams.default_exit')
-    x = t._v_timeout_exit
+        o_default_exit = _cv_string(b, x, 'GenerateAndSpeakParams.default_exit')
+    x = t._v_adaptation
     if x is not None:
-        o_timeout_exit = _cv_string(b, x, 'PauseParams.timeout_exit')
-    b.start_object(3)
-    x = t._v_pause_timeout_ms
+        o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'GenerateAndSpeakParams.adaptation'))
+    x = t._v_input
     if x is not None:
-        b.add_u32(0, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'PauseParams.pause_timeout_ms'), 0)
+        o_input = _cv_string(b, x, 'GenerateAndSpeakParams.input')
+    x = t._v_context
+    if x is not None:
+        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'GenerateAndSpeakParams.context'))
+    b.start_object(13)
+    if o_model_name:
+        b.add_offset(0, o_model_name)
+    if o_system_prompt:
+        b.add_offset(1, o_system_prompt)
+    if o_template:
+        b.add_offset(2, o_template)
+    x = t._v_placement
+    if x is not None:
+        b.add_u8(3, <uint8_t>_cv_uint(x, 255u, 'GenerateAndSpeakParams.placement'), 2u)
+    if o_sampling:
+        b.add_offset(4, o_sampling)
+    x = t._v_min_sentence_chars
+    if x is not None:
+        b.add_u32(5, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.min_sentence_chars'), 12u)
     if o_default_exit:
-        b.add_offset(1, o_default_exit)
-    if o_timeout_exit:
-        b.add_offset(2, o_timeout_exit)
+        b.add_offset(6, o_default_exit)
+    x = t._v_first_chunk_max_chars
+    if x is not None:
+        b.add_u32(7, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.first_chunk_max_chars'), 0)
+    if o_adaptation:
+        b.add_offset(8, o_adaptation)
+    if o_input:
+        b.add_offset(9, o_input)
+    x = t._v_context_size
+    if x is not None:
+        b.add_u32(10, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.context_size'), 0)
+    x = t._v_send
+    if x is not None:
+        b.add_u8(11, <uint8_t>_cv_uint(x, 255u, 'GenerateAndSpeakParams.send'), 0)
+    if o_context:
+        b.add_offset(12, o_context)
     return b.end_object()
 
 
@@ -11423,113 +11686,49 @@ cdef uint32_t _b_SpeakParams(Builder b, SpeakParams t) except 0:
     return b.end_object()
 
 
-cdef Table _vw_GenerateAndSpeakParams(_Source src, Py_ssize_t pos):
-    cdef GenerateAndSpeakParams t = GenerateAndSpeakParams.__new__(GenerateAndSpeakParams)
+cdef Table _vw_PauseParams(_Source src, Py_ssize_t pos):
+    cdef PauseParams t = PauseParams.__new__(PauseParams)
     _bind(t, src, pos)
     return t
 
 
-cdef int _vf_GenerateAndSpeakParams(_V* v, Py_ssize_t t, int depth) except -1:
+cdef int _vf_PauseParams(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
+    _v_field(v, t, vt, vs, ts, 4, 4)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
-    _v_field(v, t, vt, vs, ts, 14, 1)
-    _v_field(v, t, vt, vs, ts, 16, 1)
-    p = _v_field(v, t, vt, vs, ts, 18, 4)
-    if p:
-        _vf_SamplingOverrides(v, _v_target(v, p), depth + 1)
-    p = _v_field(v, t, vt, vs, ts, 20, 4)
-    if p:
-        _vf_ContextOverrides(v, _v_target(v, p), depth + 1)
-    _v_field(v, t, vt, vs, ts, 22, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 24, 4))
-    _v_field(v, t, vt, vs, ts, 26, 4)
-    p = _v_field(v, t, vt, vs, ts, 28, 4)
-    if p:
-        _vf_ModelAdaptation(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
 
 
-cdef uint32_t _bg_GenerateAndSpeakParams(Builder b, object x) except 0:
-    return _b_GenerateAndSpeakParams(b, <GenerateAndSpeakParams>x)
+cdef uint32_t _bg_PauseParams(Builder b, object x) except 0:
+    return _b_PauseParams(b, <PauseParams>x)
 
 
-cdef uint32_t _b_GenerateAndSpeakParams(Builder b, GenerateAndSpeakParams t) except 0:
+cdef uint32_t _b_PauseParams(Builder b, PauseParams t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_model_name = 0
-    cdef uint32_t o_input = 0
-    cdef uint32_t o_system_prompt = 0
-    cdef uint32_t o_template = 0
-    cdef uint32_t o_sampling = 0
-    cdef uint32_t o_context = 0
     cdef uint32_t o_default_exit = 0
-    cdef uint32_t o_adaptation = 0
+    cdef uint32_t o_timeout_exit = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
-        t = _detach(t, GenerateAndSpeakParams)
-    x = t._v_model_name
-    if x is not None:
-        o_model_name = _cv_string(b, x, 'GenerateAndSpeakParams.model_name')
-    x = t._v_input
-    if x is not None:
-        o_input = _cv_string(b, x, 'GenerateAndSpeakParams.input')
-    x = t._v_system_prompt
-    if x is not None:
-        o_system_prompt = _cv_string(b, x, 'GenerateAndSpeakParams.system_prompt')
-    x = t._v_template
-    if x is not None:
-        o_template = _cv_string(b, x, 'GenerateAndSpeakParams.template')
-    x = t._v_sampling
-    if x is not None:
-        o_sampling = _b_SamplingOverrides(b, <SamplingOverrides>_as_table(SamplingOverrides, x, 'GenerateAndSpeakParams.sampling'))
-    x = t._v_context
-    if x is not None:
-        o_context = _b_ContextOverrides(b, <ContextOverrides>_as_table(ContextOverrides, x, 'GenerateAndSpeakParams.context'))
+        t = _detach(t, PauseParams)
     x = t._v_default_exit
     if x is not None:
-        o_default_exit = _cv_string(b, x, 'GenerateAndSpeakParams.default_exit')
-    x = t._v_adaptation
+        o_default_exit = _cv_string(b, x, 'PauseParams.default_exit')
+    x = t._v_timeout_exit
     if x is not None:
-        o_adaptation = _b_ModelAdaptation(b, <ModelAdaptation>_as_table(ModelAdaptation, x, 'GenerateAndSpeakParams.adaptation'))
-    b.start_object(13)
-    if o_model_name:
-        b.add_offset(0, o_model_name)
-    if o_input:
-        b.add_offset(1, o_input)
-    x = t._v_context_size
+        o_timeout_exit = _cv_string(b, x, 'PauseParams.timeout_exit')
+    b.start_object(3)
+    x = t._v_pause_timeout_ms
     if x is not None:
-        b.add_u32(2, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.context_size'), 0)
-    if o_system_prompt:
-        b.add_offset(3, o_system_prompt)
-    if o_template:
-        b.add_offset(4, o_template)
-    x = t._v_placement
-    if x is not None:
-        b.add_u8(5, <uint8_t>_cv_uint(x, 255u, 'GenerateAndSpeakParams.placement'), 0)
-    x = t._v_send
-    if x is not None:
-        b.add_u8(6, <uint8_t>_cv_uint(x, 255u, 'GenerateAndSpeakParams.send'), 0)
-    if o_sampling:
-        b.add_offset(7, o_sampling)
-    if o_context:
-        b.add_offset(8, o_context)
-    x = t._v_min_sentence_chars
-    if x is not None:
-        b.add_u32(9, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.min_sentence_chars'), 12u)
+        b.add_u32(0, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'PauseParams.pause_timeout_ms'), 0)
     if o_default_exit:
-        b.add_offset(10, o_default_exit)
-    x = t._v_first_chunk_max_chars
-    if x is not None:
-        b.add_u32(11, <uint32_t><int32_t>_cv_int(x, -2147483648, 2147483647, 'GenerateAndSpeakParams.first_chunk_max_chars'), 0)
-    if o_adaptation:
-        b.add_offset(12, o_adaptation)
+        b.add_offset(1, o_default_exit)
+    if o_timeout_exit:
+        b.add_offset(2, o_timeout_exit)
     return b.end_object()
 
 
@@ -12707,7 +12906,7 @@ cdef uint32_t _b_EngineHint(Builder b, EngineHint t) except 0:
         b.add_u8(0, <uint8_t>_cv_uint(x, 255u, 'EngineHint.role'), 0)
     x = t._v_engine
     if x is not None:
-        b.add_u8(1, <uint8_t>_cv_uint(x, 255u, 'EngineHint.engine'), 0)
+        b.add_u8(1, <uint8_t>_cv_uint(x, 255u, 'EngineHint.engine'), 1u)
     return b.end_object()
 
 
@@ -13171,13 +13370,13 @@ cdef uint32_t _b_DialogInteraction(Builder b, DialogInteraction t) except 0:
     return b.end_object()
 
 
-cdef Table _vw_KeyValue(_Source src, Py_ssize_t pos):
-    cdef KeyValue t = KeyValue.__new__(KeyValue)
+cdef Table _vw_NodeParam(_Source src, Py_ssize_t pos):
+    cdef NodeParam t = NodeParam.__new__(NodeParam)
     _bind(t, src, pos)
     return t
 
 
-cdef int _vf_KeyValue(_V* v, Py_ssize_t t, int depth) except -1:
+cdef int _vf_NodeParam(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
@@ -13186,11 +13385,11 @@ cdef int _vf_KeyValue(_V* v, Py_ssize_t t, int depth) except -1:
     return 0
 
 
-cdef uint32_t _bg_KeyValue(Builder b, object x) except 0:
-    return _b_KeyValue(b, <KeyValue>x)
+cdef uint32_t _bg_NodeParam(Builder b, object x) except 0:
+    return _b_NodeParam(b, <NodeParam>x)
 
 
-cdef uint32_t _b_KeyValue(Builder b, KeyValue t) except 0:
+cdef uint32_t _b_NodeParam(Builder b, NodeParam t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_key = 0
     cdef uint32_t o_value = 0
@@ -13198,18 +13397,58 @@ cdef uint32_t _b_KeyValue(Builder b, KeyValue t) except 0:
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
-        t = _detach(t, KeyValue)
+        t = _detach(t, NodeParam)
     x = t._v_key
     if x is not None:
-        o_key = _cv_string(b, x, 'KeyValue.key')
+        o_key = _cv_string(b, x, 'NodeParam.key')
     x = t._v_value
     if x is not None:
-        o_value = _cv_string(b, x, 'KeyValue.value')
+        o_value = _cv_string(b, x, 'NodeParam.value')
     b.start_object(2)
     if o_key:
         b.add_offset(0, o_key)
     if o_value:
         b.add_offset(1, o_value)
+    return b.end_object()
+
+
+cdef Table _vw_WireAudioFormat(_Source src, Py_ssize_t pos):
+    cdef WireAudioFormat t = WireAudioFormat.__new__(WireAudioFormat)
+    _bind(t, src, pos)
+    return t
+
+
+cdef int _vf_WireAudioFormat(_V* v, Py_ssize_t t, int depth) except -1:
+    cdef Py_ssize_t vt, vs, ts, p, target, n, i
+    cdef uint8_t tag
+    _v_table(v, t, depth, &vt, &vs, &ts)
+    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 6, 2)
+    _v_field(v, t, vt, vs, ts, 8, 2)
+    return 0
+
+
+cdef uint32_t _bg_WireAudioFormat(Builder b, object x) except 0:
+    return _b_WireAudioFormat(b, <WireAudioFormat>x)
+
+
+cdef uint32_t _b_WireAudioFormat(Builder b, WireAudioFormat t) except 0:
+    """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef object x
+    cdef Py_ssize_t base, n, i
+    cdef uint8_t* img
+    if t._src is not None:
+        t = _detach(t, WireAudioFormat)
+    b.start_object(3)
+    x = t._v_sample_rate
+    if x is not None:
+        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'WireAudioFormat.sample_rate'), 0)
+    x = t._v_channels
+    if x is not None:
+        b.add_u16(1, <uint16_t>_cv_uint(x, 65535u, 'WireAudioFormat.channels'), 0)
+    x = t._v_bits_per_sample
+    if x is not None:
+        b.add_u16(2, <uint16_t>_cv_uint(x, 65535u, 'WireAudioFormat.bits_per_sample'), 0)
     return b.end_object()
 
 
@@ -13277,18 +13516,19 @@ cdef int _vf_ModelInfo(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 4, 4))
     _v_field(v, t, vt, vs, ts, 6, 1)
-    _v_field(v, t, vt, vs, ts, 8, 1)
-    _v_field(v, t, vt, vs, ts, 10, 1)
-    _v_field(v, t, vt, vs, ts, 12, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 14, 4))
-    _v_field(v, t, vt, vs, ts, 16, 4)
-    p = _v_field(v, t, vt, vs, ts, 18, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_field(v, t, vt, vs, ts, 10, 8)
+    p = _v_field(v, t, vt, vs, ts, 12, 4)
     _v_string_vector(v, p)
-    p = _v_field(v, t, vt, vs, ts, 20, 4)
+    p = _v_field(v, t, vt, vs, ts, 14, 4)
     _v_string_vector(v, p)
-    p = _v_field(v, t, vt, vs, ts, 22, 4)
+    p = _v_field(v, t, vt, vs, ts, 16, 4)
     if p:
         _vf_TtsCapabilitiesInfo(v, _v_target(v, p), depth + 1)
+    _v_field(v, t, vt, vs, ts, 18, 1)
+    _v_field(v, t, vt, vs, ts, 20, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 22, 4))
+    _v_field(v, t, vt, vs, ts, 24, 4)
     return 0
 
 
@@ -13299,10 +13539,11 @@ cdef uint32_t _bg_ModelInfo(Builder b, object x) except 0:
 cdef uint32_t _b_ModelInfo(Builder b, ModelInfo t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_name = 0
-    cdef uint32_t o_description = 0
+    cdef uint32_t o_huggingface_repo = 0
     cdef uint32_t o_languages = 0
     cdef uint32_t o_dependencies = 0
     cdef uint32_t o_tts_capabilities = 0
+    cdef uint32_t o_description = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
@@ -13311,9 +13552,9 @@ cdef uint32_t _b_ModelInfo(Builder b, ModelInfo t) except 0:
     x = t._v_name
     if x is not None:
         o_name = _cv_string(b, x, 'ModelInfo.name')
-    x = t._v_description
+    x = t._v_huggingface_repo
     if x is not None:
-        o_description = _cv_string(b, x, 'ModelInfo.description')
+        o_huggingface_repo = _cv_string(b, x, 'ModelInfo.huggingface_repo')
     x = t._v_languages
     if x is not None:
         x = _cv_sequence(x, 'ModelInfo.languages')
@@ -13331,32 +13572,37 @@ cdef uint32_t _b_ModelInfo(Builder b, ModelInfo t) except 0:
     x = t._v_tts_capabilities
     if x is not None:
         o_tts_capabilities = _b_TtsCapabilitiesInfo(b, <TtsCapabilitiesInfo>_as_table(TtsCapabilitiesInfo, x, 'ModelInfo.tts_capabilities'))
-    b.start_object(10)
+    x = t._v_description
+    if x is not None:
+        o_description = _cv_string(b, x, 'ModelInfo.description')
+    b.start_object(11)
     if o_name:
         b.add_offset(0, o_name)
-    x = t._v_role
-    if x is not None:
-        b.add_u8(1, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.role'), 0)
-    x = t._v_engine
-    if x is not None:
-        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.engine'), 0)
     x = t._v_status
     if x is not None:
-        b.add_u8(3, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.status'), 0)
+        b.add_u8(1, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.status'), 0)
+    if o_huggingface_repo:
+        b.add_offset(2, o_huggingface_repo)
     x = t._v_size_bytes
     if x is not None:
-        b.add_u64(4, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ModelInfo.size_bytes'), 0)
+        b.add_u64(3, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ModelInfo.size_bytes'), 0)
+    if o_languages:
+        b.add_offset(4, o_languages)
+    if o_dependencies:
+        b.add_offset(5, o_dependencies)
+    if o_tts_capabilities:
+        b.add_offset(6, o_tts_capabilities)
+    x = t._v_model_type
+    if x is not None:
+        b.add_u8(7, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.model_type'), 0)
+    x = t._v_engine
+    if x is not None:
+        b.add_u8(8, <uint8_t>_cv_uint(x, 255u, 'ModelInfo.engine'), 1u)
     if o_description:
-        b.add_offset(5, o_description)
+        b.add_offset(9, o_description)
     x = t._v_context_size
     if x is not None:
-        b.add_u32(6, <uint32_t>_cv_uint(x, 4294967295u, 'ModelInfo.context_size'), 0)
-    if o_languages:
-        b.add_offset(7, o_languages)
-    if o_dependencies:
-        b.add_offset(8, o_dependencies)
-    if o_tts_capabilities:
-        b.add_offset(9, o_tts_capabilities)
+        b.add_u32(10, <uint32_t>_cv_uint(x, 4294967295u, 'ModelInfo.context_size'), 0)
     return b.end_object()
 
 
@@ -13751,6 +13997,7 @@ cdef int _vf_ConnectionReady(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 4)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
 
 
@@ -13760,21 +14007,27 @@ cdef uint32_t _bg_ConnectionReady(Builder b, object x) except 0:
 
 cdef uint32_t _b_ConnectionReady(Builder b, ConnectionReady t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_codegen_fingerprint = 0
     cdef uint32_t o_mode = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, ConnectionReady)
+    x = t._v_codegen_fingerprint
+    if x is not None:
+        o_codegen_fingerprint = _cv_string(b, x, 'ConnectionReady.codegen_fingerprint')
     x = t._v_mode
     if x is not None:
         o_mode = _cv_string(b, x, 'ConnectionReady.mode')
-    b.start_object(2)
+    b.start_object(3)
     x = t._v_protocol_version
     if x is not None:
         b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ConnectionReady.protocol_version'), 0)
+    if o_codegen_fingerprint:
+        b.add_offset(1, o_codegen_fingerprint)
     if o_mode:
-        b.add_offset(1, o_mode)
+        b.add_offset(2, o_mode)
     return b.end_object()
 
 
@@ -13788,11 +14041,12 @@ cdef int _vf_CreateSessionRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    p = _v_field(v, t, vt, vs, ts, 8, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
+    p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p:
         _vf_ModelConfig(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
     return 0
 
 
@@ -13802,27 +14056,33 @@ cdef uint32_t _bg_CreateSessionRequest(Builder b, object x) except 0:
 
 cdef uint32_t _b_CreateSessionRequest(Builder b, CreateSessionRequest t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_locale = 0
     cdef uint32_t o_model_config = 0
+    cdef uint32_t o_game_name = 0
+    cdef uint32_t o_locale = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, CreateSessionRequest)
-    x = t._v_locale
-    if x is not None:
-        o_locale = _cv_string(b, x, 'CreateSessionRequest.locale')
     x = t._v_model_config
     if x is not None:
         o_model_config = _b_ModelConfig(b, <ModelConfig>_as_table(ModelConfig, x, 'CreateSessionRequest.model_config'))
-    b.start_object(3)
+    x = t._v_game_name
+    if x is not None:
+        o_game_name = _cv_string(b, x, 'CreateSessionRequest.game_name')
+    x = t._v_locale
+    if x is not None:
+        o_locale = _cv_string(b, x, 'CreateSessionRequest.locale')
+    b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateSessionRequest.request_id'), 0)
-    if o_locale:
-        b.add_offset(1, o_locale)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateSessionRequest.request_id'), 0)
     if o_model_config:
-        b.add_offset(2, o_model_config)
+        b.add_offset(1, o_model_config)
+    if o_game_name:
+        b.add_offset(3, o_game_name)
+    if o_locale:
+        b.add_offset(4, o_locale)
     return b.end_object()
 
 
@@ -13836,7 +14096,7 @@ cdef int _vf_CreateSessionResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -13855,7 +14115,7 @@ cdef uint32_t _b_CreateSessionResponse(Builder b, CreateSessionResponse t) excep
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateSessionResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateSessionResponse.request_id'), 0)
     x = t._v_session_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateSessionResponse.session_id'), 0)
@@ -13872,7 +14132,7 @@ cdef int _vf_CreateAgentRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p:
         _vf_GraphDescription(v, _v_target(v, p), depth + 1)
@@ -13927,7 +14187,7 @@ cdef uint32_t _b_CreateAgentRequest(Builder b, CreateAgentRequest t) except 0:
     b.start_object(9)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateAgentRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateAgentRequest.request_id'), 0)
     if o_graph:
         b.add_offset(1, o_graph)
     if o_default_model_name:
@@ -13961,7 +14221,7 @@ cdef int _vf_CreateAgentResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -13980,7 +14240,7 @@ cdef uint32_t _b_CreateAgentResponse(Builder b, CreateAgentResponse t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateAgentResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateAgentResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateAgentResponse.agent_id'), 0)
@@ -13997,7 +14257,7 @@ cdef int _vf_SendMessageRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
@@ -14021,7 +14281,7 @@ cdef uint32_t _b_SendMessageRequest(Builder b, SendMessageRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SendMessageRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SendMessageRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SendMessageRequest.agent_id'), 0)
@@ -14040,7 +14300,7 @@ cdef int _vf_DestroyAgentRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -14059,7 +14319,7 @@ cdef uint32_t _b_DestroyAgentRequest(Builder b, DestroyAgentRequest t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DestroyAgentRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyAgentRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyAgentRequest.agent_id'), 0)
@@ -14077,10 +14337,11 @@ cdef int _vf_AnswerText(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 1)
     _v_field(v, t, vt, vs, ts, 12, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 14, 4))
     return 0
 
 
@@ -14090,25 +14351,26 @@ cdef uint32_t _bg_AnswerText(Builder b, object x) except 0:
 
 cdef uint32_t _b_AnswerText(Builder b, AnswerText t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_node_name = 0
     cdef uint32_t o_text = 0
+    cdef uint32_t o_node_name = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, AnswerText)
-    x = t._v_node_name
-    if x is not None:
-        o_node_name = _cv_string(b, x, 'AnswerText.node_name')
     x = t._v_text
     if x is not None:
         o_text = _cv_string(b, x, 'AnswerText.text')
-    b.start_object(5)
+    x = t._v_node_name
+    if x is not None:
+        o_node_name = _cv_string(b, x, 'AnswerText.node_name')
+    b.start_object(6)
+    x = t._v_request_id
+    if x is not None:
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AnswerText.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
-        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AnswerText.agent_id'), 0)
-    if o_node_name:
-        b.add_offset(1, o_node_name)
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AnswerText.agent_id'), 0)
     if o_text:
         b.add_offset(2, o_text)
     x = t._v_is_delta
@@ -14117,6 +14379,8 @@ cdef uint32_t _b_AnswerText(Builder b, AnswerText t) except 0:
     x = t._v_is_final
     if x is not None:
         b.add_u8(4, _cv_bool(x, 'AnswerText.is_final'), 0)
+    if o_node_name:
+        b.add_offset(5, o_node_name)
     return b.end_object()
 
 
@@ -14130,7 +14394,7 @@ cdef int _vf_TurnComplete(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
@@ -14156,7 +14420,7 @@ cdef uint32_t _b_TurnComplete(Builder b, TurnComplete t) except 0:
     b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'TurnComplete.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TurnComplete.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TurnComplete.agent_id'), 0)
@@ -14181,9 +14445,10 @@ cdef int _vf_ErrorResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 4)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_field(v, t, vt, vs, ts, 10, 8)
     return 0
 
 
@@ -14202,15 +14467,18 @@ cdef uint32_t _b_ErrorResponse(Builder b, ErrorResponse t) except 0:
     x = t._v_message
     if x is not None:
         o_message = _cv_string(b, x, 'ErrorResponse.message')
-    b.start_object(3)
+    b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ErrorResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ErrorResponse.request_id'), 0)
     x = t._v_code
     if x is not None:
         b.add_u32(1, <uint32_t>_cv_uint(x, 4294967295u, 'ErrorResponse.code'), 0)
     if o_message:
         b.add_offset(2, o_message)
+    x = t._v_agent_id
+    if x is not None:
+        b.add_u64(3, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ErrorResponse.agent_id'), 0)
     return b.end_object()
 
 
@@ -14224,8 +14492,9 @@ cdef int _vf_Ack(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_field(v, t, vt, vs, ts, 4, 8)
+    _v_field(v, t, vt, vs, ts, 6, 8)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
 
 
@@ -14244,12 +14513,15 @@ cdef uint32_t _b_Ack(Builder b, Ack t) except 0:
     x = t._v_warning
     if x is not None:
         o_warning = _cv_string(b, x, 'Ack.warning')
-    b.start_object(2)
+    b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'Ack.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'Ack.request_id'), 0)
+    x = t._v_agent_id
+    if x is not None:
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'Ack.agent_id'), 0)
     if o_warning:
-        b.add_offset(1, o_warning)
+        b.add_offset(2, o_warning)
     return b.end_object()
 
 
@@ -14263,7 +14535,7 @@ cdef int _vf_ListModelsRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     return 0
 
 
@@ -14281,7 +14553,7 @@ cdef uint32_t _b_ListModelsRequest(Builder b, ListModelsRequest t) except 0:
     b.start_object(1)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ListModelsRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ListModelsRequest.request_id'), 0)
     return b.end_object()
 
 
@@ -14295,7 +14567,7 @@ cdef int _vf_ListModelsResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p:
         target = _v_target(v, p)
@@ -14327,7 +14599,7 @@ cdef uint32_t _b_ListModelsResponse(Builder b, ListModelsResponse t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ListModelsResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ListModelsResponse.request_id'), 0)
     if o_models:
         b.add_offset(1, o_models)
     return b.end_object()
@@ -14343,7 +14615,7 @@ cdef int _vf_DownloadModelRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -14366,7 +14638,7 @@ cdef uint32_t _b_DownloadModelRequest(Builder b, DownloadModelRequest t) except 
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DownloadModelRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadModelRequest.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     return b.end_object()
@@ -14382,11 +14654,12 @@ cdef int _vf_DownloadProgress(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 8)
     _v_field(v, t, vt, vs, ts, 10, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
+    _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 14, 4))
     return 0
 
 
@@ -14409,20 +14682,23 @@ cdef uint32_t _b_DownloadProgress(Builder b, DownloadProgress t) except 0:
     x = t._v_current_file
     if x is not None:
         o_current_file = _cv_string(b, x, 'DownloadProgress.current_file')
-    b.start_object(5)
+    b.start_object(6)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DownloadProgress.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadProgress.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
-    x = t._v_bytes_done
+    x = t._v_bytes_downloaded
     if x is not None:
-        b.add_u64(2, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadProgress.bytes_done'), 0)
-    x = t._v_bytes_total
+        b.add_u64(2, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadProgress.bytes_downloaded'), 0)
+    x = t._v_total_bytes
     if x is not None:
-        b.add_u64(3, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadProgress.bytes_total'), 0)
+        b.add_u64(3, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadProgress.total_bytes'), 0)
+    x = t._v_percent
+    if x is not None:
+        b.add_f32(4, _cv_float(x, 'DownloadProgress.percent'), 0.0)
     if o_current_file:
-        b.add_offset(4, o_current_file)
+        b.add_offset(5, o_current_file)
     return b.end_object()
 
 
@@ -14436,11 +14712,11 @@ cdef int _vf_DownloadComplete(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
-    _v_field(v, t, vt, vs, ts, 10, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    _v_field(v, t, vt, vs, ts, 12, 4)
     return 0
 
 
@@ -14451,7 +14727,7 @@ cdef uint32_t _bg_DownloadComplete(Builder b, object x) except 0:
 cdef uint32_t _b_DownloadComplete(Builder b, DownloadComplete t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_model_name = 0
-    cdef uint32_t o_message = 0
+    cdef uint32_t o_error = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
@@ -14460,23 +14736,23 @@ cdef uint32_t _b_DownloadComplete(Builder b, DownloadComplete t) except 0:
     x = t._v_model_name
     if x is not None:
         o_model_name = _cv_string(b, x, 'DownloadComplete.model_name')
-    x = t._v_message
+    x = t._v_error
     if x is not None:
-        o_message = _cv_string(b, x, 'DownloadComplete.message')
+        o_error = _cv_string(b, x, 'DownloadComplete.error')
     b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DownloadComplete.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DownloadComplete.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     x = t._v_success
     if x is not None:
         b.add_u8(2, _cv_bool(x, 'DownloadComplete.success'), 0)
+    if o_error:
+        b.add_offset(3, o_error)
     x = t._v_error_code
     if x is not None:
-        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'DownloadComplete.error_code'), 0)
-    if o_message:
-        b.add_offset(4, o_message)
+        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'DownloadComplete.error_code'), 0)
     return b.end_object()
 
 
@@ -14490,7 +14766,7 @@ cdef int _vf_CreateStringStorageRequest(_V* v, Py_ssize_t t, int depth) except -
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -14539,7 +14815,7 @@ cdef uint32_t _b_CreateStringStorageRequest(Builder b, CreateStringStorageReques
     b.start_object(6)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateStringStorageRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateStringStorageRequest.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
     x = t._v_kind
@@ -14564,7 +14840,7 @@ cdef int _vf_CreateStringStorageResponse(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -14588,7 +14864,7 @@ cdef uint32_t _b_CreateStringStorageResponse(Builder b, CreateStringStorageRespo
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateStringStorageResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateStringStorageResponse.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
     x = t._v_entry_count
@@ -14607,7 +14883,7 @@ cdef int _vf_DestroyStringStorageRequest(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -14630,7 +14906,7 @@ cdef uint32_t _b_DestroyStringStorageRequest(Builder b, DestroyStringStorageRequ
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DestroyStringStorageRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyStringStorageRequest.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
     return b.end_object()
@@ -14647,14 +14923,15 @@ cdef int _vf_NodeEvent(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
-    p = _v_field(v, t, vt, vs, ts, 10, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    p = _v_field(v, t, vt, vs, ts, 12, 4)
     if p:
         target = _v_target(v, p)
         n = _v_vector(v, target, 4)
         for i in range(n):
-            _vf_KeyValue(v, _v_target(v, target + 4 + 4 * i), depth + 1)
+            _vf_NodeParam(v, _v_target(v, target + 4 + 4 * i), depth + 1)
     return 0
 
 
@@ -14683,18 +14960,21 @@ cdef uint32_t _b_NodeEvent(Builder b, NodeEvent t) except 0:
         x = _cv_sequence(x, 'NodeEvent.kv_pairs')
         base = b.n_scratch
         for item in x:
-            b.push_scratch(_b_KeyValue(b, <KeyValue>_as_table(KeyValue, item, 'NodeEvent.kv_pairs[]')))
+            b.push_scratch(_b_NodeParam(b, <NodeParam>_as_table(NodeParam, item, 'NodeEvent.kv_pairs[]')))
         o_kv_pairs = b.offsets_vector(base)
-    b.start_object(4)
+    b.start_object(5)
+    x = t._v_request_id
+    if x is not None:
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'NodeEvent.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
-        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'NodeEvent.agent_id'), 0)
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'NodeEvent.agent_id'), 0)
     if o_node_name:
-        b.add_offset(1, o_node_name)
+        b.add_offset(2, o_node_name)
     if o_event_type:
-        b.add_offset(2, o_event_type)
+        b.add_offset(3, o_event_type)
     if o_kv_pairs:
-        b.add_offset(3, o_kv_pairs)
+        b.add_offset(4, o_kv_pairs)
     return b.end_object()
 
 
@@ -14708,7 +14988,7 @@ cdef int _vf_LoadModelRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
     return 0
@@ -14732,7 +15012,7 @@ cdef uint32_t _b_LoadModelRequest(Builder b, LoadModelRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadModelRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadModelRequest.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     x = t._v_placement
@@ -14751,7 +15031,7 @@ cdef int _vf_LoadModelResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 1)
@@ -14790,12 +15070,12 @@ cdef uint32_t _b_LoadModelResponse(Builder b, LoadModelResponse t) except 0:
     b.start_object(9)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadModelResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadModelResponse.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     x = t._v_engine
     if x is not None:
-        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'LoadModelResponse.engine'), 0)
+        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'LoadModelResponse.engine'), 1u)
     x = t._v_already_loaded
     if x is not None:
         b.add_u8(3, _cv_bool(x, 'LoadModelResponse.already_loaded'), 0)
@@ -14826,7 +15106,7 @@ cdef int _vf_UnloadModelRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -14849,7 +15129,7 @@ cdef uint32_t _b_UnloadModelRequest(Builder b, UnloadModelRequest t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'UnloadModelRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'UnloadModelRequest.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     return b.end_object()
@@ -14865,12 +15145,12 @@ cdef int _vf_CreateEmbeddedStringStorageRequest(_V* v, Py_ssize_t t, int depth) 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
-    p = _v_field(v, t, vt, vs, ts, 12, 4)
+    p = _v_field(v, t, vt, vs, ts, 10, 4)
     _v_string_vector(v, p)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 12, 4))
     p = _v_field(v, t, vt, vs, ts, 14, 4)
     _v_string_vector(v, p)
     return 0
@@ -14884,8 +15164,8 @@ cdef uint32_t _b_CreateEmbeddedStringStorageRequest(Builder b, CreateEmbeddedStr
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_name = 0
     cdef uint32_t o_config_path = 0
-    cdef uint32_t o_embedding_model_name = 0
-    cdef uint32_t o_texts = 0
+    cdef uint32_t o_strings = 0
+    cdef uint32_t o_embedding_model = 0
     cdef uint32_t o_metadata_json = 0
     cdef object x
     cdef Py_ssize_t base, n, i
@@ -14898,16 +15178,16 @@ cdef uint32_t _b_CreateEmbeddedStringStorageRequest(Builder b, CreateEmbeddedStr
     x = t._v_config_path
     if x is not None:
         o_config_path = _cv_string(b, x, 'CreateEmbeddedStringStorageRequest.config_path')
-    x = t._v_embedding_model_name
+    x = t._v_strings
     if x is not None:
-        o_embedding_model_name = _cv_string(b, x, 'CreateEmbeddedStringStorageRequest.embedding_model_name')
-    x = t._v_texts
-    if x is not None:
-        x = _cv_sequence(x, 'CreateEmbeddedStringStorageRequest.texts')
+        x = _cv_sequence(x, 'CreateEmbeddedStringStorageRequest.strings')
         base = b.n_scratch
         for item in x:
-            b.push_scratch(_cv_string(b, item, 'CreateEmbeddedStringStorageRequest.texts[]'))
-        o_texts = b.offsets_vector(base)
+            b.push_scratch(_cv_string(b, item, 'CreateEmbeddedStringStorageRequest.strings[]'))
+        o_strings = b.offsets_vector(base)
+    x = t._v_embedding_model
+    if x is not None:
+        o_embedding_model = _cv_string(b, x, 'CreateEmbeddedStringStorageRequest.embedding_model')
     x = t._v_metadata_json
     if x is not None:
         x = _cv_sequence(x, 'CreateEmbeddedStringStorageRequest.metadata_json')
@@ -14918,15 +15198,15 @@ cdef uint32_t _b_CreateEmbeddedStringStorageRequest(Builder b, CreateEmbeddedStr
     b.start_object(6)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateEmbeddedStringStorageRequest.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
     if o_config_path:
         b.add_offset(2, o_config_path)
-    if o_embedding_model_name:
-        b.add_offset(3, o_embedding_model_name)
-    if o_texts:
-        b.add_offset(4, o_texts)
+    if o_strings:
+        b.add_offset(3, o_strings)
+    if o_embedding_model:
+        b.add_offset(4, o_embedding_model)
     if o_metadata_json:
         b.add_offset(5, o_metadata_json)
     return b.end_object()
@@ -14942,7 +15222,7 @@ cdef int _vf_CreateEmbeddedStringStorageResponse(_V* v, Py_ssize_t t, int depth)
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 4)
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -14967,15 +15247,15 @@ cdef uint32_t _b_CreateEmbeddedStringStorageResponse(Builder b, CreateEmbeddedSt
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateEmbeddedStringStorageResponse.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
-    x = t._v_entry_count
+    x = t._v_record_count
     if x is not None:
-        b.add_u32(2, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageResponse.entry_count'), 0)
-    x = t._v_dimensions
+        b.add_u32(2, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageResponse.record_count'), 0)
+    x = t._v_embedding_dim
     if x is not None:
-        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageResponse.dimensions'), 0)
+        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'CreateEmbeddedStringStorageResponse.embedding_dim'), 0)
     return b.end_object()
 
 
@@ -14989,7 +15269,7 @@ cdef int _vf_DestroyEmbeddedStringStorageRequest(_V* v, Py_ssize_t t, int depth)
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -15012,7 +15292,7 @@ cdef uint32_t _b_DestroyEmbeddedStringStorageRequest(Builder b, DestroyEmbeddedS
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DestroyEmbeddedStringStorageRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyEmbeddedStringStorageRequest.request_id'), 0)
     if o_name:
         b.add_offset(1, o_name)
     return b.end_object()
@@ -15028,7 +15308,7 @@ cdef int _vf_ChangeAgentParamRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     p = _v_field(v, t, vt, vs, ts, 10, 1)
@@ -15065,7 +15345,7 @@ cdef uint32_t _b_ChangeAgentParamRequest(Builder b, ChangeAgentParamRequest t) e
     b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ChangeAgentParamRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ChangeAgentParamRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ChangeAgentParamRequest.agent_id'), 0)
@@ -15087,11 +15367,16 @@ cdef int _vf_CreateVoiceInputRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
+    p = _v_field(v, t, vt, vs, ts, 8, 4)
+    if p:
+        _vf_WireAudioFormat(v, _v_target(v, p), depth + 1)
+    _v_field(v, t, vt, vs, ts, 10, 4)
     _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_field(v, t, vt, vs, ts, 14, 4)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 16, 4))
+    _v_field(v, t, vt, vs, ts, 18, 4)
     return 0
 
 
@@ -15102,6 +15387,7 @@ cdef uint32_t _bg_CreateVoiceInputRequest(Builder b, object x) except 0:
 cdef uint32_t _b_CreateVoiceInputRequest(Builder b, CreateVoiceInputRequest t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
     cdef uint32_t o_model_name = 0
+    cdef uint32_t o_input_format = 0
     cdef uint32_t o_hotwords_storage_path = 0
     cdef object x
     cdef Py_ssize_t base, n, i
@@ -15111,23 +15397,34 @@ cdef uint32_t _b_CreateVoiceInputRequest(Builder b, CreateVoiceInputRequest t) e
     x = t._v_model_name
     if x is not None:
         o_model_name = _cv_string(b, x, 'CreateVoiceInputRequest.model_name')
+    x = t._v_input_format
+    if x is not None:
+        o_input_format = _b_WireAudioFormat(b, <WireAudioFormat>_as_table(WireAudioFormat, x, 'CreateVoiceInputRequest.input_format'))
     x = t._v_hotwords_storage_path
     if x is not None:
         o_hotwords_storage_path = _cv_string(b, x, 'CreateVoiceInputRequest.hotwords_storage_path')
-    b.start_object(5)
+    b.start_object(8)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateVoiceInputRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateVoiceInputRequest.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
+    if o_input_format:
+        b.add_offset(2, o_input_format)
+    x = t._v_vad_threshold
+    if x is not None:
+        b.add_f32(3, _cv_float(x, 'CreateVoiceInputRequest.vad_threshold'), 0.5)
     x = t._v_vad_min_silence_ms
     if x is not None:
-        b.add_u32(2, <uint32_t>_cv_uint(x, 4294967295u, 'CreateVoiceInputRequest.vad_min_silence_ms'), 1000u)
+        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'CreateVoiceInputRequest.vad_min_silence_ms'), 1000u)
+    x = t._v_vad_speech_pad_ms
+    if x is not None:
+        b.add_u32(5, <uint32_t>_cv_uint(x, 4294967295u, 'CreateVoiceInputRequest.vad_speech_pad_ms'), 250u)
     if o_hotwords_storage_path:
-        b.add_offset(3, o_hotwords_storage_path)
+        b.add_offset(6, o_hotwords_storage_path)
     x = t._v_hotwords_score
     if x is not None:
-        b.add_f32(4, _cv_float(x, 'CreateVoiceInputRequest.hotwords_score'), 1.5)
+        b.add_f32(7, _cv_float(x, 'CreateVoiceInputRequest.hotwords_score'), 1.5)
     return b.end_object()
 
 
@@ -15141,7 +15438,7 @@ cdef int _vf_CreateVoiceInputResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15160,7 +15457,7 @@ cdef uint32_t _b_CreateVoiceInputResponse(Builder b, CreateVoiceInputResponse t)
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CreateVoiceInputResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateVoiceInputResponse.request_id'), 0)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CreateVoiceInputResponse.voice_input_id'), 0)
@@ -15177,7 +15474,7 @@ cdef int _vf_BeginUtteranceRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -15198,7 +15495,7 @@ cdef uint32_t _b_BeginUtteranceRequest(Builder b, BeginUtteranceRequest t) excep
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'BeginUtteranceRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'BeginUtteranceRequest.request_id'), 0)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'BeginUtteranceRequest.voice_input_id'), 0)
@@ -15223,8 +15520,7 @@ cdef int _vf_AudioBuffer(_V* v, Py_ssize_t t, int depth) except -1:
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
-    _v_scalar_vector(v, p, 2)
-    _v_field(v, t, vt, vs, ts, 8, 4)
+    _v_scalar_vector(v, p, 1)
     return 0
 
 
@@ -15243,24 +15539,21 @@ cdef uint32_t _b_AudioBuffer(Builder b, AudioBuffer t) except 0:
     x = t._v_pcm
     if x is not None:
         if _is_buffer(x):
-            o_pcm = _cv_buffer_vector(b, x, 2, b'h', 'AudioBuffer.pcm')
+            o_pcm = _cv_buffer_vector(b, x, 1, b'B', 'AudioBuffer.pcm')
         else:
             x = _cv_sequence(x, 'AudioBuffer.pcm')
             n = len(x)
-            b.start_vector(2, n, 2)
+            b.start_vector(1, n, 1)
             for i in range(n - 1, -1, -1):
-                b.prep(2, 0)
-                b.put_u16(<uint16_t><int16_t>_cv_int(x[i], -32768, 32767, 'AudioBuffer.pcm[]'))
+                b.prep(1, 0)
+                b.put_u8(<uint8_t>_cv_uint(x[i], 255u, 'AudioBuffer.pcm[]'))
             o_pcm = b.end_vector(n)
-    b.start_object(3)
+    b.start_object(2)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AudioBuffer.voice_input_id'), 0)
     if o_pcm:
         b.add_offset(1, o_pcm)
-    x = t._v_sample_rate
-    if x is not None:
-        b.add_u32(2, <uint32_t>_cv_uint(x, 4294967295u, 'AudioBuffer.sample_rate'), 16000u)
     return b.end_object()
 
 
@@ -15274,7 +15567,7 @@ cdef int _vf_EndUtteranceRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15293,7 +15586,7 @@ cdef uint32_t _b_EndUtteranceRequest(Builder b, EndUtteranceRequest t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EndUtteranceRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EndUtteranceRequest.request_id'), 0)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EndUtteranceRequest.voice_input_id'), 0)
@@ -15310,7 +15603,7 @@ cdef int _vf_CancelUtteranceRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15329,7 +15622,7 @@ cdef uint32_t _b_CancelUtteranceRequest(Builder b, CancelUtteranceRequest t) exc
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CancelUtteranceRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CancelUtteranceRequest.request_id'), 0)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CancelUtteranceRequest.voice_input_id'), 0)
@@ -15347,11 +15640,12 @@ cdef int _vf_WireTranscriptUpdate(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_field(v, t, vt, vs, ts, 6, 1)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 4)
     _v_field(v, t, vt, vs, ts, 12, 4)
     _v_field(v, t, vt, vs, ts, 14, 4)
+    _v_field(v, t, vt, vs, ts, 16, 4)
     return 0
 
 
@@ -15370,24 +15664,27 @@ cdef uint32_t _b_WireTranscriptUpdate(Builder b, WireTranscriptUpdate t) except 
     x = t._v_text
     if x is not None:
         o_text = _cv_string(b, x, 'WireTranscriptUpdate.text')
-    b.start_object(6)
+    b.start_object(7)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'WireTranscriptUpdate.voice_input_id'), 0)
+    if o_text:
+        b.add_offset(1, o_text)
     x = t._v_kind
     if x is not None:
-        b.add_u8(1, <uint8_t>_cv_uint(x, 255u, 'WireTranscriptUpdate.kind'), 0)
-    if o_text:
-        b.add_offset(2, o_text)
+        b.add_u8(2, <uint8_t>_cv_uint(x, 255u, 'WireTranscriptUpdate.kind'), 0)
+    x = t._v_audio_ms_consumed
+    if x is not None:
+        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.audio_ms_consumed'), 0)
     x = t._v_segment_index
     if x is not None:
-        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.segment_index'), 0)
+        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.segment_index'), 0)
     x = t._v_start_ms
     if x is not None:
-        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.start_ms'), 0)
+        b.add_u32(5, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.start_ms'), 0)
     x = t._v_end_ms
     if x is not None:
-        b.add_u32(5, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.end_ms'), 0)
+        b.add_u32(6, <uint32_t>_cv_uint(x, 4294967295u, 'WireTranscriptUpdate.end_ms'), 0)
     return b.end_object()
 
 
@@ -15401,7 +15698,7 @@ cdef int _vf_DestroyVoiceInputRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15420,7 +15717,7 @@ cdef uint32_t _b_DestroyVoiceInputRequest(Builder b, DestroyVoiceInputRequest t)
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DestroyVoiceInputRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyVoiceInputRequest.request_id'), 0)
     x = t._v_voice_input_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DestroyVoiceInputRequest.voice_input_id'), 0)
@@ -15438,10 +15735,11 @@ cdef int _vf_TtsAudioFormatFrame(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_field(v, t, vt, vs, ts, 10, 1)
-    _v_field(v, t, vt, vs, ts, 12, 1)
+    _v_field(v, t, vt, vs, ts, 6, 8)
+    p = _v_field(v, t, vt, vs, ts, 8, 4)
+    if p:
+        _vf_WireAudioFormat(v, _v_target(v, p), depth + 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
     return 0
 
 
@@ -15451,30 +15749,30 @@ cdef uint32_t _bg_TtsAudioFormatFrame(Builder b, object x) except 0:
 
 cdef uint32_t _b_TtsAudioFormatFrame(Builder b, TtsAudioFormatFrame t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
+    cdef uint32_t o_format = 0
     cdef uint32_t o_node_name = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, TtsAudioFormatFrame)
+    x = t._v_format
+    if x is not None:
+        o_format = _b_WireAudioFormat(b, <WireAudioFormat>_as_table(WireAudioFormat, x, 'TtsAudioFormatFrame.format'))
     x = t._v_node_name
     if x is not None:
         o_node_name = _cv_string(b, x, 'TtsAudioFormatFrame.node_name')
-    b.start_object(5)
+    b.start_object(4)
+    x = t._v_request_id
+    if x is not None:
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFormatFrame.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
-        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFormatFrame.agent_id'), 0)
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFormatFrame.agent_id'), 0)
+    if o_format:
+        b.add_offset(2, o_format)
     if o_node_name:
-        b.add_offset(1, o_node_name)
-    x = t._v_sample_rate
-    if x is not None:
-        b.add_u32(2, <uint32_t>_cv_uint(x, 4294967295u, 'TtsAudioFormatFrame.sample_rate'), 0)
-    x = t._v_channels
-    if x is not None:
-        b.add_u8(3, <uint8_t>_cv_uint(x, 255u, 'TtsAudioFormatFrame.channels'), 1u)
-    x = t._v_bits_per_sample
-    if x is not None:
-        b.add_u8(4, <uint8_t>_cv_uint(x, 255u, 'TtsAudioFormatFrame.bits_per_sample'), 16u)
+        b.add_offset(3, o_node_name)
     return b.end_object()
 
 
@@ -15489,11 +15787,12 @@ cdef int _vf_TtsAudioFrame(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
+    _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
-    _v_scalar_vector(v, p, 2)
-    _v_field(v, t, vt, vs, ts, 10, 4)
+    _v_scalar_vector(v, p, 1)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 10, 4))
     _v_field(v, t, vt, vs, ts, 12, 4)
+    _v_field(v, t, vt, vs, ts, 14, 4)
     return 0
 
 
@@ -15503,42 +15802,45 @@ cdef uint32_t _bg_TtsAudioFrame(Builder b, object x) except 0:
 
 cdef uint32_t _b_TtsAudioFrame(Builder b, TtsAudioFrame t) except 0:
     """Same order as flatc's object-API Pack(): children, then fields."""
-    cdef uint32_t o_node_name = 0
     cdef uint32_t o_pcm = 0
+    cdef uint32_t o_node_name = 0
     cdef object x
     cdef Py_ssize_t base, n, i
     cdef uint8_t* img
     if t._src is not None:
         t = _detach(t, TtsAudioFrame)
-    x = t._v_node_name
-    if x is not None:
-        o_node_name = _cv_string(b, x, 'TtsAudioFrame.node_name')
     x = t._v_pcm
     if x is not None:
         if _is_buffer(x):
-            o_pcm = _cv_buffer_vector(b, x, 2, b'h', 'TtsAudioFrame.pcm')
+            o_pcm = _cv_buffer_vector(b, x, 1, b'B', 'TtsAudioFrame.pcm')
         else:
             x = _cv_sequence(x, 'TtsAudioFrame.pcm')
             n = len(x)
-            b.start_vector(2, n, 2)
+            b.start_vector(1, n, 1)
             for i in range(n - 1, -1, -1):
-                b.prep(2, 0)
-                b.put_u16(<uint16_t><int16_t>_cv_int(x[i], -32768, 32767, 'TtsAudioFrame.pcm[]'))
+                b.prep(1, 0)
+                b.put_u8(<uint8_t>_cv_uint(x[i], 255u, 'TtsAudioFrame.pcm[]'))
             o_pcm = b.end_vector(n)
-    b.start_object(5)
+    x = t._v_node_name
+    if x is not None:
+        o_node_name = _cv_string(b, x, 'TtsAudioFrame.node_name')
+    b.start_object(6)
+    x = t._v_request_id
+    if x is not None:
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFrame.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
-        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFrame.agent_id'), 0)
-    if o_node_name:
-        b.add_offset(1, o_node_name)
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsAudioFrame.agent_id'), 0)
     if o_pcm:
         b.add_offset(2, o_pcm)
+    if o_node_name:
+        b.add_offset(3, o_node_name)
     x = t._v_sample_offset
     if x is not None:
-        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'TtsAudioFrame.sample_offset'), 0)
+        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'TtsAudioFrame.sample_offset'), 0)
     x = t._v_sentence_index
     if x is not None:
-        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'TtsAudioFrame.sentence_index'), 0)
+        b.add_u32(5, <uint32_t>_cv_uint(x, 4294967295u, 'TtsAudioFrame.sentence_index'), 0)
     return b.end_object()
 
 
@@ -15552,7 +15854,7 @@ cdef int _vf_DeleteModelRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -15575,7 +15877,7 @@ cdef uint32_t _b_DeleteModelRequest(Builder b, DeleteModelRequest t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DeleteModelRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DeleteModelRequest.request_id'), 0)
     if o_model_name:
         b.add_offset(1, o_model_name)
     return b.end_object()
@@ -15591,7 +15893,7 @@ cdef int _vf_DebugCommandRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     _v_string_vector(v, p)
@@ -15624,7 +15926,7 @@ cdef uint32_t _b_DebugCommandRequest(Builder b, DebugCommandRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DebugCommandRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DebugCommandRequest.request_id'), 0)
     if o_command:
         b.add_offset(1, o_command)
     if o_args:
@@ -15642,7 +15944,7 @@ cdef int _vf_DebugCommandResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -15665,7 +15967,7 @@ cdef uint32_t _b_DebugCommandResponse(Builder b, DebugCommandResponse t) except 
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'DebugCommandResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'DebugCommandResponse.request_id'), 0)
     if o_output:
         b.add_offset(1, o_output)
     return b.end_object()
@@ -15681,7 +15983,7 @@ cdef int _vf_CancelRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     return 0
@@ -15701,7 +16003,7 @@ cdef uint32_t _b_CancelRequest(Builder b, CancelRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'CancelRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CancelRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'CancelRequest.agent_id'), 0)
@@ -15721,7 +16023,7 @@ cdef int _vf_ResumeAgentRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -15759,7 +16061,7 @@ cdef uint32_t _b_ResumeAgentRequest(Builder b, ResumeAgentRequest t) except 0:
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ResumeAgentRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ResumeAgentRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ResumeAgentRequest.agent_id'), 0)
@@ -15780,7 +16082,7 @@ cdef int _vf_UpdateAgentVariablesRequest(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -15813,7 +16115,7 @@ cdef uint32_t _b_UpdateAgentVariablesRequest(Builder b, UpdateAgentVariablesRequ
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'UpdateAgentVariablesRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'UpdateAgentVariablesRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'UpdateAgentVariablesRequest.agent_id'), 0)
@@ -15832,7 +16134,7 @@ cdef int _vf_GetAgentVariablesRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15851,7 +16153,7 @@ cdef uint32_t _b_GetAgentVariablesRequest(Builder b, GetAgentVariablesRequest t)
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetAgentVariablesRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentVariablesRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentVariablesRequest.agent_id'), 0)
@@ -15868,7 +16170,7 @@ cdef int _vf_GetAgentVariablesResponse(_V* v, Py_ssize_t t, int depth) except -1
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p:
         target = _v_target(v, p)
@@ -15900,7 +16202,7 @@ cdef uint32_t _b_GetAgentVariablesResponse(Builder b, GetAgentVariablesResponse 
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetAgentVariablesResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentVariablesResponse.request_id'), 0)
     if o_variables:
         b.add_offset(1, o_variables)
     return b.end_object()
@@ -15916,7 +16218,7 @@ cdef int _vf_PrefillAgentKvCacheRequest(_V* v, Py_ssize_t t, int depth) except -
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -15935,7 +16237,7 @@ cdef uint32_t _b_PrefillAgentKvCacheRequest(Builder b, PrefillAgentKvCacheReques
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'PrefillAgentKvCacheRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'PrefillAgentKvCacheRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'PrefillAgentKvCacheRequest.agent_id'), 0)
@@ -15952,7 +16254,7 @@ cdef int _vf_PrefillAgentKvCacheResponse(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 1)
@@ -15983,7 +16285,7 @@ cdef uint32_t _b_PrefillAgentKvCacheResponse(Builder b, PrefillAgentKvCacheRespo
     b.start_object(10)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'PrefillAgentKvCacheResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'PrefillAgentKvCacheResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'PrefillAgentKvCacheResponse.agent_id'), 0)
@@ -16023,7 +16325,7 @@ cdef int _vf_EvictAgentKvCacheRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -16042,7 +16344,7 @@ cdef uint32_t _b_EvictAgentKvCacheRequest(Builder b, EvictAgentKvCacheRequest t)
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EvictAgentKvCacheRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EvictAgentKvCacheRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EvictAgentKvCacheRequest.agent_id'), 0)
@@ -16059,7 +16361,7 @@ cdef int _vf_EvictAgentKvCacheResponse(_V* v, Py_ssize_t t, int depth) except -1
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 1)
@@ -16088,7 +16390,7 @@ cdef uint32_t _b_EvictAgentKvCacheResponse(Builder b, EvictAgentKvCacheResponse 
     b.start_object(8)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EvictAgentKvCacheResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EvictAgentKvCacheResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EvictAgentKvCacheResponse.agent_id'), 0)
@@ -16122,7 +16424,7 @@ cdef int _vf_GetAgentKvCacheStatusRequest(_V* v, Py_ssize_t t, int depth) except
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -16141,7 +16443,7 @@ cdef uint32_t _b_GetAgentKvCacheStatusRequest(Builder b, GetAgentKvCacheStatusRe
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetAgentKvCacheStatusRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentKvCacheStatusRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentKvCacheStatusRequest.agent_id'), 0)
@@ -16158,7 +16460,7 @@ cdef int _vf_GetAgentKvCacheStatusResponse(_V* v, Py_ssize_t t, int depth) excep
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 1)
     _v_field(v, t, vt, vs, ts, 10, 1)
@@ -16186,7 +16488,7 @@ cdef uint32_t _b_GetAgentKvCacheStatusResponse(Builder b, GetAgentKvCacheStatusR
     b.start_object(7)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetAgentKvCacheStatusResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentKvCacheStatusResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetAgentKvCacheStatusResponse.agent_id'), 0)
@@ -16217,7 +16519,7 @@ cdef int _vf_AppendInteractionsRequest(_V* v, Py_ssize_t t, int depth) except -1
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16250,7 +16552,7 @@ cdef uint32_t _b_AppendInteractionsRequest(Builder b, AppendInteractionsRequest 
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'AppendInteractionsRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AppendInteractionsRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AppendInteractionsRequest.agent_id'), 0)
@@ -16269,7 +16571,7 @@ cdef int _vf_AppendInteractionsResponse(_V* v, Py_ssize_t t, int depth) except -
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -16289,7 +16591,7 @@ cdef uint32_t _b_AppendInteractionsResponse(Builder b, AppendInteractionsRespons
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'AppendInteractionsResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AppendInteractionsResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'AppendInteractionsResponse.agent_id'), 0)
@@ -16309,7 +16611,7 @@ cdef int _vf_RemoveInteractionsFromEndRequest(_V* v, Py_ssize_t t, int depth) ex
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -16329,7 +16631,7 @@ cdef uint32_t _b_RemoveInteractionsFromEndRequest(Builder b, RemoveInteractionsF
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'RemoveInteractionsFromEndRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'RemoveInteractionsFromEndRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'RemoveInteractionsFromEndRequest.agent_id'), 0)
@@ -16349,7 +16651,7 @@ cdef int _vf_RemoveInteractionsFromEndResponse(_V* v, Py_ssize_t t, int depth) e
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -16369,7 +16671,7 @@ cdef uint32_t _b_RemoveInteractionsFromEndResponse(Builder b, RemoveInteractions
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'RemoveInteractionsFromEndResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'RemoveInteractionsFromEndResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'RemoveInteractionsFromEndResponse.agent_id'), 0)
@@ -16421,7 +16723,7 @@ cdef int _vf_SetSessionLocaleRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -16444,7 +16746,7 @@ cdef uint32_t _b_SetSessionLocaleRequest(Builder b, SetSessionLocaleRequest t) e
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SetSessionLocaleRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SetSessionLocaleRequest.request_id'), 0)
     if o_locale:
         b.add_offset(1, o_locale)
     return b.end_object()
@@ -16460,7 +16762,7 @@ cdef int _vf_ExportDialogRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     return 0
 
@@ -16479,7 +16781,7 @@ cdef uint32_t _b_ExportDialogRequest(Builder b, ExportDialogRequest t) except 0:
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ExportDialogRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportDialogRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportDialogRequest.agent_id'), 0)
@@ -16496,7 +16798,7 @@ cdef int _vf_ExportDialogResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16537,7 +16839,7 @@ cdef uint32_t _b_ExportDialogResponse(Builder b, ExportDialogResponse t) except 
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ExportDialogResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportDialogResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportDialogResponse.agent_id'), 0)
@@ -16556,7 +16858,7 @@ cdef int _vf_ImportDialogRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16598,7 +16900,7 @@ cdef uint32_t _b_ImportDialogRequest(Builder b, ImportDialogRequest t) except 0:
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ImportDialogRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportDialogRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportDialogRequest.agent_id'), 0)
@@ -16620,7 +16922,7 @@ cdef int _vf_ImportDialogResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_field(v, t, vt, vs, ts, 8, 4)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -16650,7 +16952,7 @@ cdef uint32_t _b_ImportDialogResponse(Builder b, ImportDialogResponse t) except 
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ImportDialogResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportDialogResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportDialogResponse.agent_id'), 0)
@@ -16672,7 +16974,7 @@ cdef int _vf_GetMemoryConsumptionRequest(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     return 0
 
 
@@ -16690,7 +16992,7 @@ cdef uint32_t _b_GetMemoryConsumptionRequest(Builder b, GetMemoryConsumptionRequ
     b.start_object(1)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetMemoryConsumptionRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetMemoryConsumptionRequest.request_id'), 0)
     return b.end_object()
 
 
@@ -16704,7 +17006,7 @@ cdef int _vf_GetMemoryConsumptionResponse(_V* v, Py_ssize_t t, int depth) except
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16751,7 +17053,7 @@ cdef uint32_t _b_GetMemoryConsumptionResponse(Builder b, GetMemoryConsumptionRes
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'GetMemoryConsumptionResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetMemoryConsumptionResponse.request_id'), 0)
     x = t._v_captured_at_ms
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'GetMemoryConsumptionResponse.captured_at_ms'), 0)
@@ -16772,7 +17074,7 @@ cdef int _vf_EnsureMutableKbRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16802,7 +17104,7 @@ cdef uint32_t _b_EnsureMutableKbRequest(Builder b, EnsureMutableKbRequest t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EnsureMutableKbRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EnsureMutableKbRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_schema:
@@ -16820,7 +17122,7 @@ cdef int _vf_EnsureMutableKbResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16851,7 +17153,7 @@ cdef uint32_t _b_EnsureMutableKbResponse(Builder b, EnsureMutableKbResponse t) e
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EnsureMutableKbResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EnsureMutableKbResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_schema:
@@ -16872,7 +17174,7 @@ cdef int _vf_EnumerateMutableKbsRequest(_V* v, Py_ssize_t t, int depth) except -
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     return 0
 
 
@@ -16890,7 +17192,7 @@ cdef uint32_t _b_EnumerateMutableKbsRequest(Builder b, EnumerateMutableKbsReques
     b.start_object(1)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EnumerateMutableKbsRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EnumerateMutableKbsRequest.request_id'), 0)
     return b.end_object()
 
 
@@ -16904,7 +17206,7 @@ cdef int _vf_EnumerateMutableKbsResponse(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     if p:
         target = _v_target(v, p)
@@ -16936,7 +17238,7 @@ cdef uint32_t _b_EnumerateMutableKbsResponse(Builder b, EnumerateMutableKbsRespo
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'EnumerateMutableKbsResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'EnumerateMutableKbsResponse.request_id'), 0)
     if o_stores:
         b.add_offset(1, o_stores)
     return b.end_object()
@@ -16952,7 +17254,7 @@ cdef int _vf_MutableKbWriteRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -16989,7 +17291,7 @@ cdef uint32_t _b_MutableKbWriteRequest(Builder b, MutableKbWriteRequest t) excep
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbWriteRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbWriteRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_records:
@@ -17007,7 +17309,7 @@ cdef int _vf_MutableKbWriteResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -17044,7 +17346,7 @@ cdef uint32_t _b_MutableKbWriteResponse(Builder b, MutableKbWriteResponse t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbWriteResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbWriteResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_results:
@@ -17062,7 +17364,7 @@ cdef int _vf_MutableKbDeleteRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     _v_string_vector(v, p)
@@ -17095,7 +17397,7 @@ cdef uint32_t _b_MutableKbDeleteRequest(Builder b, MutableKbDeleteRequest t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbDeleteRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbDeleteRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_ids:
@@ -17113,7 +17415,7 @@ cdef int _vf_MutableKbDeleteResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -17137,7 +17439,7 @@ cdef uint32_t _b_MutableKbDeleteResponse(Builder b, MutableKbDeleteResponse t) e
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbDeleteResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbDeleteResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     x = t._v_deleted_count
@@ -17156,7 +17458,7 @@ cdef int _vf_MutableKbClearRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -17179,7 +17481,7 @@ cdef uint32_t _b_MutableKbClearRequest(Builder b, MutableKbClearRequest t) excep
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbClearRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbClearRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     return b.end_object()
@@ -17195,7 +17497,7 @@ cdef int _vf_MutableKbClearResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 4)
     return 0
@@ -17219,7 +17521,7 @@ cdef uint32_t _b_MutableKbClearResponse(Builder b, MutableKbClearResponse t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbClearResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbClearResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     x = t._v_deleted_count
@@ -17238,7 +17540,7 @@ cdef int _vf_MutableKbQueryRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -17273,7 +17575,7 @@ cdef uint32_t _b_MutableKbQueryRequest(Builder b, MutableKbQueryRequest t) excep
     b.start_object(6)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbQueryRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbQueryRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_query_text:
@@ -17299,7 +17601,7 @@ cdef int _vf_MutableKbQueryResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -17336,7 +17638,7 @@ cdef uint32_t _b_MutableKbQueryResponse(Builder b, MutableKbQueryResponse t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbQueryResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbQueryResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_hits:
@@ -17354,7 +17656,7 @@ cdef int _vf_MutableKbGetRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
@@ -17382,7 +17684,7 @@ cdef uint32_t _b_MutableKbGetRequest(Builder b, MutableKbGetRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbGetRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbGetRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_record_id:
@@ -17400,7 +17702,7 @@ cdef int _vf_MutableKbGetResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -17431,7 +17733,7 @@ cdef uint32_t _b_MutableKbGetResponse(Builder b, MutableKbGetResponse t) except 
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbGetResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbGetResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     x = t._v_found
@@ -17452,7 +17754,7 @@ cdef int _vf_MutableKbListRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -17481,7 +17783,7 @@ cdef uint32_t _b_MutableKbListRequest(Builder b, MutableKbListRequest t) except 
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbListRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbListRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_cursor:
@@ -17502,7 +17804,7 @@ cdef int _vf_MutableKbListResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -17544,7 +17846,7 @@ cdef uint32_t _b_MutableKbListResponse(Builder b, MutableKbListResponse t) excep
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbListResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbListResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_records:
@@ -17564,7 +17866,7 @@ cdef int _vf_MutableKbStatsRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -17587,7 +17889,7 @@ cdef uint32_t _b_MutableKbStatsRequest(Builder b, MutableKbStatsRequest t) excep
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbStatsRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbStatsRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     return b.end_object()
@@ -17603,7 +17905,7 @@ cdef int _vf_MutableKbStatsResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 8)
     _v_field(v, t, vt, vs, ts, 10, 8)
@@ -17630,7 +17932,7 @@ cdef uint32_t _b_MutableKbStatsResponse(Builder b, MutableKbStatsResponse t) exc
     b.start_object(6)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'MutableKbStatsResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'MutableKbStatsResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     x = t._v_live_count
@@ -17658,7 +17960,7 @@ cdef int _vf_ExportMutableKbRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -17681,7 +17983,7 @@ cdef uint32_t _b_ExportMutableKbRequest(Builder b, ExportMutableKbRequest t) exc
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ExportMutableKbRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportMutableKbRequest.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     return b.end_object()
@@ -17697,7 +17999,7 @@ cdef int _vf_ExportMutableKbResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     _v_scalar_vector(v, p, 1)
@@ -17735,7 +18037,7 @@ cdef uint32_t _b_ExportMutableKbResponse(Builder b, ExportMutableKbResponse t) e
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ExportMutableKbResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ExportMutableKbResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     if o_snapshot:
@@ -17753,7 +18055,7 @@ cdef int _vf_ImportMutableKbRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     p = _v_field(v, t, vt, vs, ts, 6, 4)
     _v_scalar_vector(v, p, 1)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
@@ -17791,7 +18093,7 @@ cdef uint32_t _b_ImportMutableKbRequest(Builder b, ImportMutableKbRequest t) exc
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ImportMutableKbRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportMutableKbRequest.request_id'), 0)
     if o_snapshot:
         b.add_offset(1, o_snapshot)
     if o_store_name:
@@ -17809,7 +18111,7 @@ cdef int _vf_ImportMutableKbResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 8)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -17843,7 +18145,7 @@ cdef uint32_t _b_ImportMutableKbResponse(Builder b, ImportMutableKbResponse t) e
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'ImportMutableKbResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'ImportMutableKbResponse.request_id'), 0)
     if o_store_name:
         b.add_offset(1, o_store_name)
     x = t._v_record_count
@@ -17864,7 +18166,7 @@ cdef int _vf_SaveGameMemoryRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     return 0
 
@@ -17887,7 +18189,7 @@ cdef uint32_t _b_SaveGameMemoryRequest(Builder b, SaveGameMemoryRequest t) excep
     b.start_object(2)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SaveGameMemoryRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveGameMemoryRequest.request_id'), 0)
     if o_save_id:
         b.add_offset(1, o_save_id)
     return b.end_object()
@@ -17903,7 +18205,7 @@ cdef int _vf_SaveGameMemoryResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 8)
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -17928,7 +18230,7 @@ cdef uint32_t _b_SaveGameMemoryResponse(Builder b, SaveGameMemoryResponse t) exc
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SaveGameMemoryResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveGameMemoryResponse.request_id'), 0)
     if o_save_id:
         b.add_offset(1, o_save_id)
     x = t._v_written_at_ms
@@ -17950,7 +18252,7 @@ cdef int _vf_LoadGameMemoryRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 1)
     return 0
@@ -17974,7 +18276,7 @@ cdef uint32_t _b_LoadGameMemoryRequest(Builder b, LoadGameMemoryRequest t) excep
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadGameMemoryRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadGameMemoryRequest.request_id'), 0)
     if o_save_id:
         b.add_offset(1, o_save_id)
     x = t._v_embed_timing
@@ -17993,7 +18295,7 @@ cdef int _vf_LoadGameMemoryResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
     _v_field(v, t, vt, vs, ts, 8, 4)
     p = _v_field(v, t, vt, vs, ts, 10, 4)
@@ -18027,7 +18329,7 @@ cdef uint32_t _b_LoadGameMemoryResponse(Builder b, LoadGameMemoryResponse t) exc
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadGameMemoryResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadGameMemoryResponse.request_id'), 0)
     if o_save_id:
         b.add_offset(1, o_save_id)
     x = t._v_store_count
@@ -18048,7 +18350,7 @@ cdef int _vf_SaveDialogRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     return 0
@@ -18072,7 +18374,7 @@ cdef uint32_t _b_SaveDialogRequest(Builder b, SaveDialogRequest t) except 0:
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SaveDialogRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveDialogRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveDialogRequest.agent_id'), 0)
@@ -18091,7 +18393,7 @@ cdef int _vf_SaveDialogResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 8)
@@ -18117,7 +18419,7 @@ cdef uint32_t _b_SaveDialogResponse(Builder b, SaveDialogResponse t) except 0:
     b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SaveDialogResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveDialogResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SaveDialogResponse.agent_id'), 0)
@@ -18142,7 +18444,7 @@ cdef int _vf_LoadDialogRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 1)
@@ -18167,7 +18469,7 @@ cdef uint32_t _b_LoadDialogRequest(Builder b, LoadDialogRequest t) except 0:
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadDialogRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadDialogRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadDialogRequest.agent_id'), 0)
@@ -18189,7 +18491,7 @@ cdef int _vf_LoadDialogResponse(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -18224,7 +18526,7 @@ cdef uint32_t _b_LoadDialogResponse(Builder b, LoadDialogResponse t) except 0:
     b.start_object(5)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'LoadDialogResponse.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadDialogResponse.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'LoadDialogResponse.agent_id'), 0)
@@ -18249,10 +18551,11 @@ cdef int _vf_TtsVisemeFrame(_V* v, Py_ssize_t t, int depth) except -1:
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
     _v_field(v, t, vt, vs, ts, 4, 8)
-    _v_string_field(v, _v_field(v, t, vt, vs, ts, 6, 4))
-    p = _v_field(v, t, vt, vs, ts, 8, 4)
+    _v_field(v, t, vt, vs, ts, 6, 8)
+    _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
+    p = _v_field(v, t, vt, vs, ts, 10, 4)
     _v_scalar_vector(v, p, 8)
-    _v_field(v, t, vt, vs, ts, 10, 4)
+    _v_field(v, t, vt, vs, ts, 12, 4)
     return 0
 
 
@@ -18282,17 +18585,20 @@ cdef uint32_t _b_TtsVisemeFrame(Builder b, TtsVisemeFrame t) except 0:
             img = b.reserve(8)
             _ws_VisemeCue(img, x[i], 'TtsVisemeFrame.visemes[]')
         o_visemes = b.end_vector(n)
-    b.start_object(4)
+    b.start_object(5)
+    x = t._v_request_id
+    if x is not None:
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsVisemeFrame.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
-        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsVisemeFrame.agent_id'), 0)
+        b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'TtsVisemeFrame.agent_id'), 0)
     if o_node_name:
-        b.add_offset(1, o_node_name)
+        b.add_offset(2, o_node_name)
     if o_visemes:
-        b.add_offset(2, o_visemes)
+        b.add_offset(3, o_visemes)
     x = t._v_sentence_index
     if x is not None:
-        b.add_u32(3, <uint32_t>_cv_uint(x, 4294967295u, 'TtsVisemeFrame.sentence_index'), 0)
+        b.add_u32(4, <uint32_t>_cv_uint(x, 4294967295u, 'TtsVisemeFrame.sentence_index'), 0)
     return b.end_object()
 
 
@@ -18306,7 +18612,7 @@ cdef int _vf_SetAgentVoiceRequest(_V* v, Py_ssize_t t, int depth) except -1:
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     p = _v_field(v, t, vt, vs, ts, 8, 4)
     if p:
@@ -18332,7 +18638,7 @@ cdef uint32_t _b_SetAgentVoiceRequest(Builder b, SetAgentVoiceRequest t) except 
     b.start_object(3)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SetAgentVoiceRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SetAgentVoiceRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SetAgentVoiceRequest.agent_id'), 0)
@@ -18351,7 +18657,7 @@ cdef int _vf_SetAgentDeliveryModeRequest(_V* v, Py_ssize_t t, int depth) except 
     cdef Py_ssize_t vt, vs, ts, p, target, n, i
     cdef uint8_t tag
     _v_table(v, t, depth, &vt, &vs, &ts)
-    _v_field(v, t, vt, vs, ts, 4, 4)
+    _v_field(v, t, vt, vs, ts, 4, 8)
     _v_field(v, t, vt, vs, ts, 6, 8)
     _v_string_field(v, _v_field(v, t, vt, vs, ts, 8, 4))
     _v_field(v, t, vt, vs, ts, 10, 4)
@@ -18376,7 +18682,7 @@ cdef uint32_t _b_SetAgentDeliveryModeRequest(Builder b, SetAgentDeliveryModeRequ
     b.start_object(4)
     x = t._v_request_id
     if x is not None:
-        b.add_u32(0, <uint32_t>_cv_uint(x, 4294967295u, 'SetAgentDeliveryModeRequest.request_id'), 0)
+        b.add_u64(0, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SetAgentDeliveryModeRequest.request_id'), 0)
     x = t._v_agent_id
     if x is not None:
         b.add_u64(1, <uint64_t>_cv_uint(x, 18446744073709551615u, 'SetAgentDeliveryModeRequest.agent_id'), 0)
@@ -18436,7 +18742,7 @@ cdef _vf_fn _VF_NodeParams[16]
 cdef _view_fn _VW_NodeParams[16]
 cdef _bf_fn _BF_NodeParams[16]
 cdef dict _UTAG_NodeParams = {}
-cdef tuple _UCLS_NodeParams = (None, GenerateParams, CannedResponseParams, InstructionParams, HumanMessageGuardrailParams, RetrieveParams, ClassifyIntentParams, ClassifyIntentLLMParams, IntentToInstructionParams, ToolCallParams, PauseParams, SpeakParams, GenerateAndSpeakParams, WriteToMemoryParams, SummarizeParams, ClassifyAttributesLLMParams,)
+cdef tuple _UCLS_NodeParams = (None, GenerateParams, HumanMessageGuardrailParams, CannedResponseParams, ToolCallParams, RetrieveParams, InstructionParams, ClassifyIntentParams, ClassifyIntentLLMParams, IntentToInstructionParams, GenerateAndSpeakParams, SpeakParams, PauseParams, WriteToMemoryParams, SummarizeParams, ClassifyAttributesLLMParams,)
 
 cdef _init_NodeParams():
     _VF_NodeParams[0] = NULL
@@ -18446,50 +18752,50 @@ cdef _init_NodeParams():
     _VW_NodeParams[1] = _vw_GenerateParams
     _BF_NodeParams[1] = _bg_GenerateParams
     _UTAG_NodeParams[GenerateParams] = 1
-    _VF_NodeParams[2] = _vf_CannedResponseParams
-    _VW_NodeParams[2] = _vw_CannedResponseParams
-    _BF_NodeParams[2] = _bg_CannedResponseParams
-    _UTAG_NodeParams[CannedResponseParams] = 2
-    _VF_NodeParams[3] = _vf_InstructionParams
-    _VW_NodeParams[3] = _vw_InstructionParams
-    _BF_NodeParams[3] = _bg_InstructionParams
-    _UTAG_NodeParams[InstructionParams] = 3
-    _VF_NodeParams[4] = _vf_HumanMessageGuardrailParams
-    _VW_NodeParams[4] = _vw_HumanMessageGuardrailParams
-    _BF_NodeParams[4] = _bg_HumanMessageGuardrailParams
-    _UTAG_NodeParams[HumanMessageGuardrailParams] = 4
+    _VF_NodeParams[2] = _vf_HumanMessageGuardrailParams
+    _VW_NodeParams[2] = _vw_HumanMessageGuardrailParams
+    _BF_NodeParams[2] = _bg_HumanMessageGuardrailParams
+    _UTAG_NodeParams[HumanMessageGuardrailParams] = 2
+    _VF_NodeParams[3] = _vf_CannedResponseParams
+    _VW_NodeParams[3] = _vw_CannedResponseParams
+    _BF_NodeParams[3] = _bg_CannedResponseParams
+    _UTAG_NodeParams[CannedResponseParams] = 3
+    _VF_NodeParams[4] = _vf_ToolCallParams
+    _VW_NodeParams[4] = _vw_ToolCallParams
+    _BF_NodeParams[4] = _bg_ToolCallParams
+    _UTAG_NodeParams[ToolCallParams] = 4
     _VF_NodeParams[5] = _vf_RetrieveParams
     _VW_NodeParams[5] = _vw_RetrieveParams
     _BF_NodeParams[5] = _bg_RetrieveParams
     _UTAG_NodeParams[RetrieveParams] = 5
-    _VF_NodeParams[6] = _vf_ClassifyIntentParams
-    _VW_NodeParams[6] = _vw_ClassifyIntentParams
-    _BF_NodeParams[6] = _bg_ClassifyIntentParams
-    _UTAG_NodeParams[ClassifyIntentParams] = 6
-    _VF_NodeParams[7] = _vf_ClassifyIntentLLMParams
-    _VW_NodeParams[7] = _vw_ClassifyIntentLLMParams
-    _BF_NodeParams[7] = _bg_ClassifyIntentLLMParams
-    _UTAG_NodeParams[ClassifyIntentLLMParams] = 7
-    _VF_NodeParams[8] = _vf_IntentToInstructionParams
-    _VW_NodeParams[8] = _vw_IntentToInstructionParams
-    _BF_NodeParams[8] = _bg_IntentToInstructionParams
-    _UTAG_NodeParams[IntentToInstructionParams] = 8
-    _VF_NodeParams[9] = _vf_ToolCallParams
-    _VW_NodeParams[9] = _vw_ToolCallParams
-    _BF_NodeParams[9] = _bg_ToolCallParams
-    _UTAG_NodeParams[ToolCallParams] = 9
-    _VF_NodeParams[10] = _vf_PauseParams
-    _VW_NodeParams[10] = _vw_PauseParams
-    _BF_NodeParams[10] = _bg_PauseParams
-    _UTAG_NodeParams[PauseParams] = 10
+    _VF_NodeParams[6] = _vf_InstructionParams
+    _VW_NodeParams[6] = _vw_InstructionParams
+    _BF_NodeParams[6] = _bg_InstructionParams
+    _UTAG_NodeParams[InstructionParams] = 6
+    _VF_NodeParams[7] = _vf_ClassifyIntentParams
+    _VW_NodeParams[7] = _vw_ClassifyIntentParams
+    _BF_NodeParams[7] = _bg_ClassifyIntentParams
+    _UTAG_NodeParams[ClassifyIntentParams] = 7
+    _VF_NodeParams[8] = _vf_ClassifyIntentLLMParams
+    _VW_NodeParams[8] = _vw_ClassifyIntentLLMParams
+    _BF_NodeParams[8] = _bg_ClassifyIntentLLMParams
+    _UTAG_NodeParams[ClassifyIntentLLMParams] = 8
+    _VF_NodeParams[9] = _vf_IntentToInstructionParams
+    _VW_NodeParams[9] = _vw_IntentToInstructionParams
+    _BF_NodeParams[9] = _bg_IntentToInstructionParams
+    _UTAG_NodeParams[IntentToInstructionParams] = 9
+    _VF_NodeParams[10] = _vf_GenerateAndSpeakParams
+    _VW_NodeParams[10] = _vw_GenerateAndSpeakParams
+    _BF_NodeParams[10] = _bg_GenerateAndSpeakParams
+    _UTAG_NodeParams[GenerateAndSpeakParams] = 10
     _VF_NodeParams[11] = _vf_SpeakParams
     _VW_NodeParams[11] = _vw_SpeakParams
     _BF_NodeParams[11] = _bg_SpeakParams
     _UTAG_NodeParams[SpeakParams] = 11
-    _VF_NodeParams[12] = _vf_GenerateAndSpeakParams
-    _VW_NodeParams[12] = _vw_GenerateAndSpeakParams
-    _BF_NodeParams[12] = _bg_GenerateAndSpeakParams
-    _UTAG_NodeParams[GenerateAndSpeakParams] = 12
+    _VF_NodeParams[12] = _vf_PauseParams
+    _VW_NodeParams[12] = _vw_PauseParams
+    _BF_NodeParams[12] = _bg_PauseParams
+    _UTAG_NodeParams[PauseParams] = 12
     _VF_NodeParams[13] = _vf_WriteToMemoryParams
     _VW_NodeParams[13] = _vw_WriteToMemoryParams
     _BF_NodeParams[13] = _bg_WriteToMemoryParams
@@ -19101,40 +19407,40 @@ cdef object _as_MessageBody(object x, str where):
 
 
 # Any table as a standalone root (snapshots, conformance tests).
-cdef _vf_fn _VF_ALL[157]
-cdef _view_fn _VW_ALL[157]
-cdef _bf_fn _BF_ALL[157]
+cdef _vf_fn _VF_ALL[158]
+cdef _view_fn _VW_ALL[158]
+cdef _bf_fn _BF_ALL[158]
 cdef dict _TINDEX = {}
 
 cdef _init_all():
-    _VF_ALL[0] = _vf_LocalizableText
-    _VW_ALL[0] = _vw_LocalizableText
-    _BF_ALL[0] = _bg_LocalizableText
-    _TINDEX[LocalizableText] = 0
-    _VF_ALL[1] = _vf_SamplingOverrides
-    _VW_ALL[1] = _vw_SamplingOverrides
-    _BF_ALL[1] = _bg_SamplingOverrides
-    _TINDEX[SamplingOverrides] = 1
-    _VF_ALL[2] = _vf_ContextOverrides
-    _VW_ALL[2] = _vw_ContextOverrides
-    _BF_ALL[2] = _bg_ContextOverrides
-    _TINDEX[ContextOverrides] = 2
-    _VF_ALL[3] = _vf_LoraAdapter
-    _VW_ALL[3] = _vw_LoraAdapter
-    _BF_ALL[3] = _bg_LoraAdapter
-    _TINDEX[LoraAdapter] = 3
-    _VF_ALL[4] = _vf_ModelAdaptation
-    _VW_ALL[4] = _vw_ModelAdaptation
-    _BF_ALL[4] = _bg_ModelAdaptation
-    _TINDEX[ModelAdaptation] = 4
-    _VF_ALL[5] = _vf_ToolParamDefinition
-    _VW_ALL[5] = _vw_ToolParamDefinition
-    _BF_ALL[5] = _bg_ToolParamDefinition
-    _TINDEX[ToolParamDefinition] = 5
-    _VF_ALL[6] = _vf_ToolDefinition
-    _VW_ALL[6] = _vw_ToolDefinition
-    _BF_ALL[6] = _bg_ToolDefinition
-    _TINDEX[ToolDefinition] = 6
+    _VF_ALL[0] = _vf_ToolParamDefinition
+    _VW_ALL[0] = _vw_ToolParamDefinition
+    _BF_ALL[0] = _bg_ToolParamDefinition
+    _TINDEX[ToolParamDefinition] = 0
+    _VF_ALL[1] = _vf_ToolDefinition
+    _VW_ALL[1] = _vw_ToolDefinition
+    _BF_ALL[1] = _bg_ToolDefinition
+    _TINDEX[ToolDefinition] = 1
+    _VF_ALL[2] = _vf_SamplingOverrides
+    _VW_ALL[2] = _vw_SamplingOverrides
+    _BF_ALL[2] = _bg_SamplingOverrides
+    _TINDEX[SamplingOverrides] = 2
+    _VF_ALL[3] = _vf_LocalizableText
+    _VW_ALL[3] = _vw_LocalizableText
+    _BF_ALL[3] = _bg_LocalizableText
+    _TINDEX[LocalizableText] = 3
+    _VF_ALL[4] = _vf_ContextOverrides
+    _VW_ALL[4] = _vw_ContextOverrides
+    _BF_ALL[4] = _bg_ContextOverrides
+    _TINDEX[ContextOverrides] = 4
+    _VF_ALL[5] = _vf_LoraAdapter
+    _VW_ALL[5] = _vw_LoraAdapter
+    _BF_ALL[5] = _bg_LoraAdapter
+    _TINDEX[LoraAdapter] = 5
+    _VF_ALL[6] = _vf_ModelAdaptation
+    _VW_ALL[6] = _vw_ModelAdaptation
+    _BF_ALL[6] = _bg_ModelAdaptation
+    _TINDEX[ModelAdaptation] = 6
     _VF_ALL[7] = _vf_AttributeDefinition
     _VW_ALL[7] = _vw_AttributeDefinition
     _BF_ALL[7] = _bg_AttributeDefinition
@@ -19143,50 +19449,50 @@ cdef _init_all():
     _VW_ALL[8] = _vw_GenerateParams
     _BF_ALL[8] = _bg_GenerateParams
     _TINDEX[GenerateParams] = 8
-    _VF_ALL[9] = _vf_CannedResponseParams
-    _VW_ALL[9] = _vw_CannedResponseParams
-    _BF_ALL[9] = _bg_CannedResponseParams
-    _TINDEX[CannedResponseParams] = 9
-    _VF_ALL[10] = _vf_InstructionParams
-    _VW_ALL[10] = _vw_InstructionParams
-    _BF_ALL[10] = _bg_InstructionParams
-    _TINDEX[InstructionParams] = 10
-    _VF_ALL[11] = _vf_HumanMessageGuardrailParams
-    _VW_ALL[11] = _vw_HumanMessageGuardrailParams
-    _BF_ALL[11] = _bg_HumanMessageGuardrailParams
-    _TINDEX[HumanMessageGuardrailParams] = 11
+    _VF_ALL[9] = _vf_HumanMessageGuardrailParams
+    _VW_ALL[9] = _vw_HumanMessageGuardrailParams
+    _BF_ALL[9] = _bg_HumanMessageGuardrailParams
+    _TINDEX[HumanMessageGuardrailParams] = 9
+    _VF_ALL[10] = _vf_CannedResponseParams
+    _VW_ALL[10] = _vw_CannedResponseParams
+    _BF_ALL[10] = _bg_CannedResponseParams
+    _TINDEX[CannedResponseParams] = 10
+    _VF_ALL[11] = _vf_ToolCallParams
+    _VW_ALL[11] = _vw_ToolCallParams
+    _BF_ALL[11] = _bg_ToolCallParams
+    _TINDEX[ToolCallParams] = 11
     _VF_ALL[12] = _vf_RetrieveParams
     _VW_ALL[12] = _vw_RetrieveParams
     _BF_ALL[12] = _bg_RetrieveParams
     _TINDEX[RetrieveParams] = 12
-    _VF_ALL[13] = _vf_ClassifyIntentParams
-    _VW_ALL[13] = _vw_ClassifyIntentParams
-    _BF_ALL[13] = _bg_ClassifyIntentParams
-    _TINDEX[ClassifyIntentParams] = 13
-    _VF_ALL[14] = _vf_ClassifyIntentLLMParams
-    _VW_ALL[14] = _vw_ClassifyIntentLLMParams
-    _BF_ALL[14] = _bg_ClassifyIntentLLMParams
-    _TINDEX[ClassifyIntentLLMParams] = 14
-    _VF_ALL[15] = _vf_IntentToInstructionParams
-    _VW_ALL[15] = _vw_IntentToInstructionParams
-    _BF_ALL[15] = _bg_IntentToInstructionParams
-    _TINDEX[IntentToInstructionParams] = 15
-    _VF_ALL[16] = _vf_ToolCallParams
-    _VW_ALL[16] = _vw_ToolCallParams
-    _BF_ALL[16] = _bg_ToolCallParams
-    _TINDEX[ToolCallParams] = 16
-    _VF_ALL[17] = _vf_PauseParams
-    _VW_ALL[17] = _vw_PauseParams
-    _BF_ALL[17] = _bg_PauseParams
-    _TINDEX[PauseParams] = 17
+    _VF_ALL[13] = _vf_InstructionParams
+    _VW_ALL[13] = _vw_InstructionParams
+    _BF_ALL[13] = _bg_InstructionParams
+    _TINDEX[InstructionParams] = 13
+    _VF_ALL[14] = _vf_ClassifyIntentParams
+    _VW_ALL[14] = _vw_ClassifyIntentParams
+    _BF_ALL[14] = _bg_ClassifyIntentParams
+    _TINDEX[ClassifyIntentParams] = 14
+    _VF_ALL[15] = _vf_ClassifyIntentLLMParams
+    _VW_ALL[15] = _vw_ClassifyIntentLLMParams
+    _BF_ALL[15] = _bg_ClassifyIntentLLMParams
+    _TINDEX[ClassifyIntentLLMParams] = 15
+    _VF_ALL[16] = _vf_IntentToInstructionParams
+    _VW_ALL[16] = _vw_IntentToInstructionParams
+    _BF_ALL[16] = _bg_IntentToInstructionParams
+    _TINDEX[IntentToInstructionParams] = 16
+    _VF_ALL[17] = _vf_GenerateAndSpeakParams
+    _VW_ALL[17] = _vw_GenerateAndSpeakParams
+    _BF_ALL[17] = _bg_GenerateAndSpeakParams
+    _TINDEX[GenerateAndSpeakParams] = 17
     _VF_ALL[18] = _vf_SpeakParams
     _VW_ALL[18] = _vw_SpeakParams
     _BF_ALL[18] = _bg_SpeakParams
     _TINDEX[SpeakParams] = 18
-    _VF_ALL[19] = _vf_GenerateAndSpeakParams
-    _VW_ALL[19] = _vw_GenerateAndSpeakParams
-    _BF_ALL[19] = _bg_GenerateAndSpeakParams
-    _TINDEX[GenerateAndSpeakParams] = 19
+    _VF_ALL[19] = _vf_PauseParams
+    _VW_ALL[19] = _vw_PauseParams
+    _BF_ALL[19] = _bg_PauseParams
+    _TINDEX[PauseParams] = 19
     _VF_ALL[20] = _vf_WriteToMemoryParams
     _VW_ALL[20] = _vw_WriteToMemoryParams
     _BF_ALL[20] = _bg_WriteToMemoryParams
@@ -19307,441 +19613,446 @@ cdef _init_all():
     _VW_ALL[49] = _vw_DialogInteraction
     _BF_ALL[49] = _bg_DialogInteraction
     _TINDEX[DialogInteraction] = 49
-    _VF_ALL[50] = _vf_KeyValue
-    _VW_ALL[50] = _vw_KeyValue
-    _BF_ALL[50] = _bg_KeyValue
-    _TINDEX[KeyValue] = 50
-    _VF_ALL[51] = _vf_TtsCapabilitiesInfo
-    _VW_ALL[51] = _vw_TtsCapabilitiesInfo
-    _BF_ALL[51] = _bg_TtsCapabilitiesInfo
-    _TINDEX[TtsCapabilitiesInfo] = 51
-    _VF_ALL[52] = _vf_ModelInfo
-    _VW_ALL[52] = _vw_ModelInfo
-    _BF_ALL[52] = _bg_ModelInfo
-    _TINDEX[ModelInfo] = 52
-    _VF_ALL[53] = _vf_MemoryConsumptionEntry
-    _VW_ALL[53] = _vw_MemoryConsumptionEntry
-    _BF_ALL[53] = _bg_MemoryConsumptionEntry
-    _TINDEX[MemoryConsumptionEntry] = 53
-    _VF_ALL[54] = _vf_MemoryTierUsage
-    _VW_ALL[54] = _vw_MemoryTierUsage
-    _BF_ALL[54] = _bg_MemoryTierUsage
-    _TINDEX[MemoryTierUsage] = 54
-    _VF_ALL[55] = _vf_MutableKbSchema
-    _VW_ALL[55] = _vw_MutableKbSchema
-    _BF_ALL[55] = _bg_MutableKbSchema
-    _TINDEX[MutableKbSchema] = 55
-    _VF_ALL[56] = _vf_MutableKbInfo
-    _VW_ALL[56] = _vw_MutableKbInfo
-    _BF_ALL[56] = _bg_MutableKbInfo
-    _TINDEX[MutableKbInfo] = 56
-    _VF_ALL[57] = _vf_MutableKbRecord
-    _VW_ALL[57] = _vw_MutableKbRecord
-    _BF_ALL[57] = _bg_MutableKbRecord
-    _TINDEX[MutableKbRecord] = 57
-    _VF_ALL[58] = _vf_MutableKbWriteResult
-    _VW_ALL[58] = _vw_MutableKbWriteResult
-    _BF_ALL[58] = _bg_MutableKbWriteResult
-    _TINDEX[MutableKbWriteResult] = 58
-    _VF_ALL[59] = _vf_MutableKbHit
-    _VW_ALL[59] = _vw_MutableKbHit
-    _BF_ALL[59] = _bg_MutableKbHit
-    _TINDEX[MutableKbHit] = 59
-    _VF_ALL[60] = _vf_ConnectionReady
-    _VW_ALL[60] = _vw_ConnectionReady
-    _BF_ALL[60] = _bg_ConnectionReady
-    _TINDEX[ConnectionReady] = 60
-    _VF_ALL[61] = _vf_CreateSessionRequest
-    _VW_ALL[61] = _vw_CreateSessionRequest
-    _BF_ALL[61] = _bg_CreateSessionRequest
-    _TINDEX[CreateSessionRequest] = 61
-    _VF_ALL[62] = _vf_CreateSessionResponse
-    _VW_ALL[62] = _vw_CreateSessionResponse
-    _BF_ALL[62] = _bg_CreateSessionResponse
-    _TINDEX[CreateSessionResponse] = 62
-    _VF_ALL[63] = _vf_CreateAgentRequest
-    _VW_ALL[63] = _vw_CreateAgentRequest
-    _BF_ALL[63] = _bg_CreateAgentRequest
-    _TINDEX[CreateAgentRequest] = 63
-    _VF_ALL[64] = _vf_CreateAgentResponse
-    _VW_ALL[64] = _vw_CreateAgentResponse
-    _BF_ALL[64] = _bg_CreateAgentResponse
-    _TINDEX[CreateAgentResponse] = 64
-    _VF_ALL[65] = _vf_SendMessageRequest
-    _VW_ALL[65] = _vw_SendMessageRequest
-    _BF_ALL[65] = _bg_SendMessageRequest
-    _TINDEX[SendMessageRequest] = 65
-    _VF_ALL[66] = _vf_DestroyAgentRequest
-    _VW_ALL[66] = _vw_DestroyAgentRequest
-    _BF_ALL[66] = _bg_DestroyAgentRequest
-    _TINDEX[DestroyAgentRequest] = 66
-    _VF_ALL[67] = _vf_AnswerText
-    _VW_ALL[67] = _vw_AnswerText
-    _BF_ALL[67] = _bg_AnswerText
-    _TINDEX[AnswerText] = 67
-    _VF_ALL[68] = _vf_TurnComplete
-    _VW_ALL[68] = _vw_TurnComplete
-    _BF_ALL[68] = _bg_TurnComplete
-    _TINDEX[TurnComplete] = 68
-    _VF_ALL[69] = _vf_ErrorResponse
-    _VW_ALL[69] = _vw_ErrorResponse
-    _BF_ALL[69] = _bg_ErrorResponse
-    _TINDEX[ErrorResponse] = 69
-    _VF_ALL[70] = _vf_Ack
-    _VW_ALL[70] = _vw_Ack
-    _BF_ALL[70] = _bg_Ack
-    _TINDEX[Ack] = 70
-    _VF_ALL[71] = _vf_ListModelsRequest
-    _VW_ALL[71] = _vw_ListModelsRequest
-    _BF_ALL[71] = _bg_ListModelsRequest
-    _TINDEX[ListModelsRequest] = 71
-    _VF_ALL[72] = _vf_ListModelsResponse
-    _VW_ALL[72] = _vw_ListModelsResponse
-    _BF_ALL[72] = _bg_ListModelsResponse
-    _TINDEX[ListModelsResponse] = 72
-    _VF_ALL[73] = _vf_DownloadModelRequest
-    _VW_ALL[73] = _vw_DownloadModelRequest
-    _BF_ALL[73] = _bg_DownloadModelRequest
-    _TINDEX[DownloadModelRequest] = 73
-    _VF_ALL[74] = _vf_DownloadProgress
-    _VW_ALL[74] = _vw_DownloadProgress
-    _BF_ALL[74] = _bg_DownloadProgress
-    _TINDEX[DownloadProgress] = 74
-    _VF_ALL[75] = _vf_DownloadComplete
-    _VW_ALL[75] = _vw_DownloadComplete
-    _BF_ALL[75] = _bg_DownloadComplete
-    _TINDEX[DownloadComplete] = 75
-    _VF_ALL[76] = _vf_CreateStringStorageRequest
-    _VW_ALL[76] = _vw_CreateStringStorageRequest
-    _BF_ALL[76] = _bg_CreateStringStorageRequest
-    _TINDEX[CreateStringStorageRequest] = 76
-    _VF_ALL[77] = _vf_CreateStringStorageResponse
-    _VW_ALL[77] = _vw_CreateStringStorageResponse
-    _BF_ALL[77] = _bg_CreateStringStorageResponse
-    _TINDEX[CreateStringStorageResponse] = 77
-    _VF_ALL[78] = _vf_DestroyStringStorageRequest
-    _VW_ALL[78] = _vw_DestroyStringStorageRequest
-    _BF_ALL[78] = _bg_DestroyStringStorageRequest
-    _TINDEX[DestroyStringStorageRequest] = 78
-    _VF_ALL[79] = _vf_NodeEvent
-    _VW_ALL[79] = _vw_NodeEvent
-    _BF_ALL[79] = _bg_NodeEvent
-    _TINDEX[NodeEvent] = 79
-    _VF_ALL[80] = _vf_LoadModelRequest
-    _VW_ALL[80] = _vw_LoadModelRequest
-    _BF_ALL[80] = _bg_LoadModelRequest
-    _TINDEX[LoadModelRequest] = 80
-    _VF_ALL[81] = _vf_LoadModelResponse
-    _VW_ALL[81] = _vw_LoadModelResponse
-    _BF_ALL[81] = _bg_LoadModelResponse
-    _TINDEX[LoadModelResponse] = 81
-    _VF_ALL[82] = _vf_UnloadModelRequest
-    _VW_ALL[82] = _vw_UnloadModelRequest
-    _BF_ALL[82] = _bg_UnloadModelRequest
-    _TINDEX[UnloadModelRequest] = 82
-    _VF_ALL[83] = _vf_CreateEmbeddedStringStorageRequest
-    _VW_ALL[83] = _vw_CreateEmbeddedStringStorageRequest
-    _BF_ALL[83] = _bg_CreateEmbeddedStringStorageRequest
-    _TINDEX[CreateEmbeddedStringStorageRequest] = 83
-    _VF_ALL[84] = _vf_CreateEmbeddedStringStorageResponse
-    _VW_ALL[84] = _vw_CreateEmbeddedStringStorageResponse
-    _BF_ALL[84] = _bg_CreateEmbeddedStringStorageResponse
-    _TINDEX[CreateEmbeddedStringStorageResponse] = 84
-    _VF_ALL[85] = _vf_DestroyEmbeddedStringStorageRequest
-    _VW_ALL[85] = _vw_DestroyEmbeddedStringStorageRequest
-    _BF_ALL[85] = _bg_DestroyEmbeddedStringStorageRequest
-    _TINDEX[DestroyEmbeddedStringStorageRequest] = 85
-    _VF_ALL[86] = _vf_ChangeAgentParamRequest
-    _VW_ALL[86] = _vw_ChangeAgentParamRequest
-    _BF_ALL[86] = _bg_ChangeAgentParamRequest
-    _TINDEX[ChangeAgentParamRequest] = 86
-    _VF_ALL[87] = _vf_CreateVoiceInputRequest
-    _VW_ALL[87] = _vw_CreateVoiceInputRequest
-    _BF_ALL[87] = _bg_CreateVoiceInputRequest
-    _TINDEX[CreateVoiceInputRequest] = 87
-    _VF_ALL[88] = _vf_CreateVoiceInputResponse
-    _VW_ALL[88] = _vw_CreateVoiceInputResponse
-    _BF_ALL[88] = _bg_CreateVoiceInputResponse
-    _TINDEX[CreateVoiceInputResponse] = 88
-    _VF_ALL[89] = _vf_BeginUtteranceRequest
-    _VW_ALL[89] = _vw_BeginUtteranceRequest
-    _BF_ALL[89] = _bg_BeginUtteranceRequest
-    _TINDEX[BeginUtteranceRequest] = 89
-    _VF_ALL[90] = _vf_AudioBuffer
-    _VW_ALL[90] = _vw_AudioBuffer
-    _BF_ALL[90] = _bg_AudioBuffer
-    _TINDEX[AudioBuffer] = 90
-    _VF_ALL[91] = _vf_EndUtteranceRequest
-    _VW_ALL[91] = _vw_EndUtteranceRequest
-    _BF_ALL[91] = _bg_EndUtteranceRequest
-    _TINDEX[EndUtteranceRequest] = 91
-    _VF_ALL[92] = _vf_CancelUtteranceRequest
-    _VW_ALL[92] = _vw_CancelUtteranceRequest
-    _BF_ALL[92] = _bg_CancelUtteranceRequest
-    _TINDEX[CancelUtteranceRequest] = 92
-    _VF_ALL[93] = _vf_WireTranscriptUpdate
-    _VW_ALL[93] = _vw_WireTranscriptUpdate
-    _BF_ALL[93] = _bg_WireTranscriptUpdate
-    _TINDEX[WireTranscriptUpdate] = 93
-    _VF_ALL[94] = _vf_DestroyVoiceInputRequest
-    _VW_ALL[94] = _vw_DestroyVoiceInputRequest
-    _BF_ALL[94] = _bg_DestroyVoiceInputRequest
-    _TINDEX[DestroyVoiceInputRequest] = 94
-    _VF_ALL[95] = _vf_TtsAudioFormatFrame
-    _VW_ALL[95] = _vw_TtsAudioFormatFrame
-    _BF_ALL[95] = _bg_TtsAudioFormatFrame
-    _TINDEX[TtsAudioFormatFrame] = 95
-    _VF_ALL[96] = _vf_TtsAudioFrame
-    _VW_ALL[96] = _vw_TtsAudioFrame
-    _BF_ALL[96] = _bg_TtsAudioFrame
-    _TINDEX[TtsAudioFrame] = 96
-    _VF_ALL[97] = _vf_DeleteModelRequest
-    _VW_ALL[97] = _vw_DeleteModelRequest
-    _BF_ALL[97] = _bg_DeleteModelRequest
-    _TINDEX[DeleteModelRequest] = 97
-    _VF_ALL[98] = _vf_DebugCommandRequest
-    _VW_ALL[98] = _vw_DebugCommandRequest
-    _BF_ALL[98] = _bg_DebugCommandRequest
-    _TINDEX[DebugCommandRequest] = 98
-    _VF_ALL[99] = _vf_DebugCommandResponse
-    _VW_ALL[99] = _vw_DebugCommandResponse
-    _BF_ALL[99] = _bg_DebugCommandResponse
-    _TINDEX[DebugCommandResponse] = 99
-    _VF_ALL[100] = _vf_CancelRequest
-    _VW_ALL[100] = _vw_CancelRequest
-    _BF_ALL[100] = _bg_CancelRequest
-    _TINDEX[CancelRequest] = 100
-    _VF_ALL[101] = _vf_ResumeAgentRequest
-    _VW_ALL[101] = _vw_ResumeAgentRequest
-    _BF_ALL[101] = _bg_ResumeAgentRequest
-    _TINDEX[ResumeAgentRequest] = 101
-    _VF_ALL[102] = _vf_UpdateAgentVariablesRequest
-    _VW_ALL[102] = _vw_UpdateAgentVariablesRequest
-    _BF_ALL[102] = _bg_UpdateAgentVariablesRequest
-    _TINDEX[UpdateAgentVariablesRequest] = 102
-    _VF_ALL[103] = _vf_GetAgentVariablesRequest
-    _VW_ALL[103] = _vw_GetAgentVariablesRequest
-    _BF_ALL[103] = _bg_GetAgentVariablesRequest
-    _TINDEX[GetAgentVariablesRequest] = 103
-    _VF_ALL[104] = _vf_GetAgentVariablesResponse
-    _VW_ALL[104] = _vw_GetAgentVariablesResponse
-    _BF_ALL[104] = _bg_GetAgentVariablesResponse
-    _TINDEX[GetAgentVariablesResponse] = 104
-    _VF_ALL[105] = _vf_PrefillAgentKvCacheRequest
-    _VW_ALL[105] = _vw_PrefillAgentKvCacheRequest
-    _BF_ALL[105] = _bg_PrefillAgentKvCacheRequest
-    _TINDEX[PrefillAgentKvCacheRequest] = 105
-    _VF_ALL[106] = _vf_PrefillAgentKvCacheResponse
-    _VW_ALL[106] = _vw_PrefillAgentKvCacheResponse
-    _BF_ALL[106] = _bg_PrefillAgentKvCacheResponse
-    _TINDEX[PrefillAgentKvCacheResponse] = 106
-    _VF_ALL[107] = _vf_EvictAgentKvCacheRequest
-    _VW_ALL[107] = _vw_EvictAgentKvCacheRequest
-    _BF_ALL[107] = _bg_EvictAgentKvCacheRequest
-    _TINDEX[EvictAgentKvCacheRequest] = 107
-    _VF_ALL[108] = _vf_EvictAgentKvCacheResponse
-    _VW_ALL[108] = _vw_EvictAgentKvCacheResponse
-    _BF_ALL[108] = _bg_EvictAgentKvCacheResponse
-    _TINDEX[EvictAgentKvCacheResponse] = 108
-    _VF_ALL[109] = _vf_GetAgentKvCacheStatusRequest
-    _VW_ALL[109] = _vw_GetAgentKvCacheStatusRequest
-    _BF_ALL[109] = _bg_GetAgentKvCacheStatusRequest
-    _TINDEX[GetAgentKvCacheStatusRequest] = 109
-    _VF_ALL[110] = _vf_GetAgentKvCacheStatusResponse
-    _VW_ALL[110] = _vw_GetAgentKvCacheStatusResponse
-    _BF_ALL[110] = _bg_GetAgentKvCacheStatusResponse
-    _TINDEX[GetAgentKvCacheStatusResponse] = 110
-    _VF_ALL[111] = _vf_AppendInteractionsRequest
-    _VW_ALL[111] = _vw_AppendInteractionsRequest
-    _BF_ALL[111] = _bg_AppendInteractionsRequest
-    _TINDEX[AppendInteractionsRequest] = 111
-    _VF_ALL[112] = _vf_AppendInteractionsResponse
-    _VW_ALL[112] = _vw_AppendInteractionsResponse
-    _BF_ALL[112] = _bg_AppendInteractionsResponse
-    _TINDEX[AppendInteractionsResponse] = 112
-    _VF_ALL[113] = _vf_RemoveInteractionsFromEndRequest
-    _VW_ALL[113] = _vw_RemoveInteractionsFromEndRequest
-    _BF_ALL[113] = _bg_RemoveInteractionsFromEndRequest
-    _TINDEX[RemoveInteractionsFromEndRequest] = 113
-    _VF_ALL[114] = _vf_RemoveInteractionsFromEndResponse
-    _VW_ALL[114] = _vw_RemoveInteractionsFromEndResponse
-    _BF_ALL[114] = _bg_RemoveInteractionsFromEndResponse
-    _TINDEX[RemoveInteractionsFromEndResponse] = 114
-    _VF_ALL[115] = _vf_SetInferenceThrottle
-    _VW_ALL[115] = _vw_SetInferenceThrottle
-    _BF_ALL[115] = _bg_SetInferenceThrottle
-    _TINDEX[SetInferenceThrottle] = 115
-    _VF_ALL[116] = _vf_SetSessionLocaleRequest
-    _VW_ALL[116] = _vw_SetSessionLocaleRequest
-    _BF_ALL[116] = _bg_SetSessionLocaleRequest
-    _TINDEX[SetSessionLocaleRequest] = 116
-    _VF_ALL[117] = _vf_ExportDialogRequest
-    _VW_ALL[117] = _vw_ExportDialogRequest
-    _BF_ALL[117] = _bg_ExportDialogRequest
-    _TINDEX[ExportDialogRequest] = 117
-    _VF_ALL[118] = _vf_ExportDialogResponse
-    _VW_ALL[118] = _vw_ExportDialogResponse
-    _BF_ALL[118] = _bg_ExportDialogResponse
-    _TINDEX[ExportDialogResponse] = 118
-    _VF_ALL[119] = _vf_ImportDialogRequest
-    _VW_ALL[119] = _vw_ImportDialogRequest
-    _BF_ALL[119] = _bg_ImportDialogRequest
-    _TINDEX[ImportDialogRequest] = 119
-    _VF_ALL[120] = _vf_ImportDialogResponse
-    _VW_ALL[120] = _vw_ImportDialogResponse
-    _BF_ALL[120] = _bg_ImportDialogResponse
-    _TINDEX[ImportDialogResponse] = 120
-    _VF_ALL[121] = _vf_GetMemoryConsumptionRequest
-    _VW_ALL[121] = _vw_GetMemoryConsumptionRequest
-    _BF_ALL[121] = _bg_GetMemoryConsumptionRequest
-    _TINDEX[GetMemoryConsumptionRequest] = 121
-    _VF_ALL[122] = _vf_GetMemoryConsumptionResponse
-    _VW_ALL[122] = _vw_GetMemoryConsumptionResponse
-    _BF_ALL[122] = _bg_GetMemoryConsumptionResponse
-    _TINDEX[GetMemoryConsumptionResponse] = 122
-    _VF_ALL[123] = _vf_EnsureMutableKbRequest
-    _VW_ALL[123] = _vw_EnsureMutableKbRequest
-    _BF_ALL[123] = _bg_EnsureMutableKbRequest
-    _TINDEX[EnsureMutableKbRequest] = 123
-    _VF_ALL[124] = _vf_EnsureMutableKbResponse
-    _VW_ALL[124] = _vw_EnsureMutableKbResponse
-    _BF_ALL[124] = _bg_EnsureMutableKbResponse
-    _TINDEX[EnsureMutableKbResponse] = 124
-    _VF_ALL[125] = _vf_EnumerateMutableKbsRequest
-    _VW_ALL[125] = _vw_EnumerateMutableKbsRequest
-    _BF_ALL[125] = _bg_EnumerateMutableKbsRequest
-    _TINDEX[EnumerateMutableKbsRequest] = 125
-    _VF_ALL[126] = _vf_EnumerateMutableKbsResponse
-    _VW_ALL[126] = _vw_EnumerateMutableKbsResponse
-    _BF_ALL[126] = _bg_EnumerateMutableKbsResponse
-    _TINDEX[EnumerateMutableKbsResponse] = 126
-    _VF_ALL[127] = _vf_MutableKbWriteRequest
-    _VW_ALL[127] = _vw_MutableKbWriteRequest
-    _BF_ALL[127] = _bg_MutableKbWriteRequest
-    _TINDEX[MutableKbWriteRequest] = 127
-    _VF_ALL[128] = _vf_MutableKbWriteResponse
-    _VW_ALL[128] = _vw_MutableKbWriteResponse
-    _BF_ALL[128] = _bg_MutableKbWriteResponse
-    _TINDEX[MutableKbWriteResponse] = 128
-    _VF_ALL[129] = _vf_MutableKbDeleteRequest
-    _VW_ALL[129] = _vw_MutableKbDeleteRequest
-    _BF_ALL[129] = _bg_MutableKbDeleteRequest
-    _TINDEX[MutableKbDeleteRequest] = 129
-    _VF_ALL[130] = _vf_MutableKbDeleteResponse
-    _VW_ALL[130] = _vw_MutableKbDeleteResponse
-    _BF_ALL[130] = _bg_MutableKbDeleteResponse
-    _TINDEX[MutableKbDeleteResponse] = 130
-    _VF_ALL[131] = _vf_MutableKbClearRequest
-    _VW_ALL[131] = _vw_MutableKbClearRequest
-    _BF_ALL[131] = _bg_MutableKbClearRequest
-    _TINDEX[MutableKbClearRequest] = 131
-    _VF_ALL[132] = _vf_MutableKbClearResponse
-    _VW_ALL[132] = _vw_MutableKbClearResponse
-    _BF_ALL[132] = _bg_MutableKbClearResponse
-    _TINDEX[MutableKbClearResponse] = 132
-    _VF_ALL[133] = _vf_MutableKbQueryRequest
-    _VW_ALL[133] = _vw_MutableKbQueryRequest
-    _BF_ALL[133] = _bg_MutableKbQueryRequest
-    _TINDEX[MutableKbQueryRequest] = 133
-    _VF_ALL[134] = _vf_MutableKbQueryResponse
-    _VW_ALL[134] = _vw_MutableKbQueryResponse
-    _BF_ALL[134] = _bg_MutableKbQueryResponse
-    _TINDEX[MutableKbQueryResponse] = 134
-    _VF_ALL[135] = _vf_MutableKbGetRequest
-    _VW_ALL[135] = _vw_MutableKbGetRequest
-    _BF_ALL[135] = _bg_MutableKbGetRequest
-    _TINDEX[MutableKbGetRequest] = 135
-    _VF_ALL[136] = _vf_MutableKbGetResponse
-    _VW_ALL[136] = _vw_MutableKbGetResponse
-    _BF_ALL[136] = _bg_MutableKbGetResponse
-    _TINDEX[MutableKbGetResponse] = 136
-    _VF_ALL[137] = _vf_MutableKbListRequest
-    _VW_ALL[137] = _vw_MutableKbListRequest
-    _BF_ALL[137] = _bg_MutableKbListRequest
-    _TINDEX[MutableKbListRequest] = 137
-    _VF_ALL[138] = _vf_MutableKbListResponse
-    _VW_ALL[138] = _vw_MutableKbListResponse
-    _BF_ALL[138] = _bg_MutableKbListResponse
-    _TINDEX[MutableKbListResponse] = 138
-    _VF_ALL[139] = _vf_MutableKbStatsRequest
-    _VW_ALL[139] = _vw_MutableKbStatsRequest
-    _BF_ALL[139] = _bg_MutableKbStatsRequest
-    _TINDEX[MutableKbStatsRequest] = 139
-    _VF_ALL[140] = _vf_MutableKbStatsResponse
-    _VW_ALL[140] = _vw_MutableKbStatsResponse
-    _BF_ALL[140] = _bg_MutableKbStatsResponse
-    _TINDEX[MutableKbStatsResponse] = 140
-    _VF_ALL[141] = _vf_ExportMutableKbRequest
-    _VW_ALL[141] = _vw_ExportMutableKbRequest
-    _BF_ALL[141] = _bg_ExportMutableKbRequest
-    _TINDEX[ExportMutableKbRequest] = 141
-    _VF_ALL[142] = _vf_ExportMutableKbResponse
-    _VW_ALL[142] = _vw_ExportMutableKbResponse
-    _BF_ALL[142] = _bg_ExportMutableKbResponse
-    _TINDEX[ExportMutableKbResponse] = 142
-    _VF_ALL[143] = _vf_ImportMutableKbRequest
-    _VW_ALL[143] = _vw_ImportMutableKbRequest
-    _BF_ALL[143] = _bg_ImportMutableKbRequest
-    _TINDEX[ImportMutableKbRequest] = 143
-    _VF_ALL[144] = _vf_ImportMutableKbResponse
-    _VW_ALL[144] = _vw_ImportMutableKbResponse
-    _BF_ALL[144] = _bg_ImportMutableKbResponse
-    _TINDEX[ImportMutableKbResponse] = 144
-    _VF_ALL[145] = _vf_SaveGameMemoryRequest
-    _VW_ALL[145] = _vw_SaveGameMemoryRequest
-    _BF_ALL[145] = _bg_SaveGameMemoryRequest
-    _TINDEX[SaveGameMemoryRequest] = 145
-    _VF_ALL[146] = _vf_SaveGameMemoryResponse
-    _VW_ALL[146] = _vw_SaveGameMemoryResponse
-    _BF_ALL[146] = _bg_SaveGameMemoryResponse
-    _TINDEX[SaveGameMemoryResponse] = 146
-    _VF_ALL[147] = _vf_LoadGameMemoryRequest
-    _VW_ALL[147] = _vw_LoadGameMemoryRequest
-    _BF_ALL[147] = _bg_LoadGameMemoryRequest
-    _TINDEX[LoadGameMemoryRequest] = 147
-    _VF_ALL[148] = _vf_LoadGameMemoryResponse
-    _VW_ALL[148] = _vw_LoadGameMemoryResponse
-    _BF_ALL[148] = _bg_LoadGameMemoryResponse
-    _TINDEX[LoadGameMemoryResponse] = 148
-    _VF_ALL[149] = _vf_SaveDialogRequest
-    _VW_ALL[149] = _vw_SaveDialogRequest
-    _BF_ALL[149] = _bg_SaveDialogRequest
-    _TINDEX[SaveDialogRequest] = 149
-    _VF_ALL[150] = _vf_SaveDialogResponse
-    _VW_ALL[150] = _vw_SaveDialogResponse
-    _BF_ALL[150] = _bg_SaveDialogResponse
-    _TINDEX[SaveDialogResponse] = 150
-    _VF_ALL[151] = _vf_LoadDialogRequest
-    _VW_ALL[151] = _vw_LoadDialogRequest
-    _BF_ALL[151] = _bg_LoadDialogRequest
-    _TINDEX[LoadDialogRequest] = 151
-    _VF_ALL[152] = _vf_LoadDialogResponse
-    _VW_ALL[152] = _vw_LoadDialogResponse
-    _BF_ALL[152] = _bg_LoadDialogResponse
-    _TINDEX[LoadDialogResponse] = 152
-    _VF_ALL[153] = _vf_TtsVisemeFrame
-    _VW_ALL[153] = _vw_TtsVisemeFrame
-    _BF_ALL[153] = _bg_TtsVisemeFrame
-    _TINDEX[TtsVisemeFrame] = 153
-    _VF_ALL[154] = _vf_SetAgentVoiceRequest
-    _VW_ALL[154] = _vw_SetAgentVoiceRequest
-    _BF_ALL[154] = _bg_SetAgentVoiceRequest
-    _TINDEX[SetAgentVoiceRequest] = 154
-    _VF_ALL[155] = _vf_SetAgentDeliveryModeRequest
-    _VW_ALL[155] = _vw_SetAgentDeliveryModeRequest
-    _BF_ALL[155] = _bg_SetAgentDeliveryModeRequest
-    _TINDEX[SetAgentDeliveryModeRequest] = 155
-    _VF_ALL[156] = _vf_Message
-    _VW_ALL[156] = _vw_Message
-    _BF_ALL[156] = _bg_Message
-    _TINDEX[Message] = 156
+    _VF_ALL[50] = _vf_NodeParam
+    _VW_ALL[50] = _vw_NodeParam
+    _BF_ALL[50] = _bg_NodeParam
+    _TINDEX[NodeParam] = 50
+    _VF_ALL[51] = _vf_WireAudioFormat
+    _VW_ALL[51] = _vw_WireAudioFormat
+    _BF_ALL[51] = _bg_WireAudioFormat
+    _TINDEX[WireAudioFormat] = 51
+    _VF_ALL[52] = _vf_TtsCapabilitiesInfo
+    _VW_ALL[52] = _vw_TtsCapabilitiesInfo
+    _BF_ALL[52] = _bg_TtsCapabilitiesInfo
+    _TINDEX[TtsCapabilitiesInfo] = 52
+    _VF_ALL[53] = _vf_ModelInfo
+    _VW_ALL[53] = _vw_ModelInfo
+    _BF_ALL[53] = _bg_ModelInfo
+    _TINDEX[ModelInfo] = 53
+    _VF_ALL[54] = _vf_MemoryConsumptionEntry
+    _VW_ALL[54] = _vw_MemoryConsumptionEntry
+    _BF_ALL[54] = _bg_MemoryConsumptionEntry
+    _TINDEX[MemoryConsumptionEntry] = 54
+    _VF_ALL[55] = _vf_MemoryTierUsage
+    _VW_ALL[55] = _vw_MemoryTierUsage
+    _BF_ALL[55] = _bg_MemoryTierUsage
+    _TINDEX[MemoryTierUsage] = 55
+    _VF_ALL[56] = _vf_MutableKbSchema
+    _VW_ALL[56] = _vw_MutableKbSchema
+    _BF_ALL[56] = _bg_MutableKbSchema
+    _TINDEX[MutableKbSchema] = 56
+    _VF_ALL[57] = _vf_MutableKbInfo
+    _VW_ALL[57] = _vw_MutableKbInfo
+    _BF_ALL[57] = _bg_MutableKbInfo
+    _TINDEX[MutableKbInfo] = 57
+    _VF_ALL[58] = _vf_MutableKbRecord
+    _VW_ALL[58] = _vw_MutableKbRecord
+    _BF_ALL[58] = _bg_MutableKbRecord
+    _TINDEX[MutableKbRecord] = 58
+    _VF_ALL[59] = _vf_MutableKbWriteResult
+    _VW_ALL[59] = _vw_MutableKbWriteResult
+    _BF_ALL[59] = _bg_MutableKbWriteResult
+    _TINDEX[MutableKbWriteResult] = 59
+    _VF_ALL[60] = _vf_MutableKbHit
+    _VW_ALL[60] = _vw_MutableKbHit
+    _BF_ALL[60] = _bg_MutableKbHit
+    _TINDEX[MutableKbHit] = 60
+    _VF_ALL[61] = _vf_ConnectionReady
+    _VW_ALL[61] = _vw_ConnectionReady
+    _BF_ALL[61] = _bg_ConnectionReady
+    _TINDEX[ConnectionReady] = 61
+    _VF_ALL[62] = _vf_CreateSessionRequest
+    _VW_ALL[62] = _vw_CreateSessionRequest
+    _BF_ALL[62] = _bg_CreateSessionRequest
+    _TINDEX[CreateSessionRequest] = 62
+    _VF_ALL[63] = _vf_CreateSessionResponse
+    _VW_ALL[63] = _vw_CreateSessionResponse
+    _BF_ALL[63] = _bg_CreateSessionResponse
+    _TINDEX[CreateSessionResponse] = 63
+    _VF_ALL[64] = _vf_CreateAgentRequest
+    _VW_ALL[64] = _vw_CreateAgentRequest
+    _BF_ALL[64] = _bg_CreateAgentRequest
+    _TINDEX[CreateAgentRequest] = 64
+    _VF_ALL[65] = _vf_CreateAgentResponse
+    _VW_ALL[65] = _vw_CreateAgentResponse
+    _BF_ALL[65] = _bg_CreateAgentResponse
+    _TINDEX[CreateAgentResponse] = 65
+    _VF_ALL[66] = _vf_SendMessageRequest
+    _VW_ALL[66] = _vw_SendMessageRequest
+    _BF_ALL[66] = _bg_SendMessageRequest
+    _TINDEX[SendMessageRequest] = 66
+    _VF_ALL[67] = _vf_DestroyAgentRequest
+    _VW_ALL[67] = _vw_DestroyAgentRequest
+    _BF_ALL[67] = _bg_DestroyAgentRequest
+    _TINDEX[DestroyAgentRequest] = 67
+    _VF_ALL[68] = _vf_AnswerText
+    _VW_ALL[68] = _vw_AnswerText
+    _BF_ALL[68] = _bg_AnswerText
+    _TINDEX[AnswerText] = 68
+    _VF_ALL[69] = _vf_TurnComplete
+    _VW_ALL[69] = _vw_TurnComplete
+    _BF_ALL[69] = _bg_TurnComplete
+    _TINDEX[TurnComplete] = 69
+    _VF_ALL[70] = _vf_ErrorResponse
+    _VW_ALL[70] = _vw_ErrorResponse
+    _BF_ALL[70] = _bg_ErrorResponse
+    _TINDEX[ErrorResponse] = 70
+    _VF_ALL[71] = _vf_Ack
+    _VW_ALL[71] = _vw_Ack
+    _BF_ALL[71] = _bg_Ack
+    _TINDEX[Ack] = 71
+    _VF_ALL[72] = _vf_ListModelsRequest
+    _VW_ALL[72] = _vw_ListModelsRequest
+    _BF_ALL[72] = _bg_ListModelsRequest
+    _TINDEX[ListModelsRequest] = 72
+    _VF_ALL[73] = _vf_ListModelsResponse
+    _VW_ALL[73] = _vw_ListModelsResponse
+    _BF_ALL[73] = _bg_ListModelsResponse
+    _TINDEX[ListModelsResponse] = 73
+    _VF_ALL[74] = _vf_DownloadModelRequest
+    _VW_ALL[74] = _vw_DownloadModelRequest
+    _BF_ALL[74] = _bg_DownloadModelRequest
+    _TINDEX[DownloadModelRequest] = 74
+    _VF_ALL[75] = _vf_DownloadProgress
+    _VW_ALL[75] = _vw_DownloadProgress
+    _BF_ALL[75] = _bg_DownloadProgress
+    _TINDEX[DownloadProgress] = 75
+    _VF_ALL[76] = _vf_DownloadComplete
+    _VW_ALL[76] = _vw_DownloadComplete
+    _BF_ALL[76] = _bg_DownloadComplete
+    _TINDEX[DownloadComplete] = 76
+    _VF_ALL[77] = _vf_CreateStringStorageRequest
+    _VW_ALL[77] = _vw_CreateStringStorageRequest
+    _BF_ALL[77] = _bg_CreateStringStorageRequest
+    _TINDEX[CreateStringStorageRequest] = 77
+    _VF_ALL[78] = _vf_CreateStringStorageResponse
+    _VW_ALL[78] = _vw_CreateStringStorageResponse
+    _BF_ALL[78] = _bg_CreateStringStorageResponse
+    _TINDEX[CreateStringStorageResponse] = 78
+    _VF_ALL[79] = _vf_DestroyStringStorageRequest
+    _VW_ALL[79] = _vw_DestroyStringStorageRequest
+    _BF_ALL[79] = _bg_DestroyStringStorageRequest
+    _TINDEX[DestroyStringStorageRequest] = 79
+    _VF_ALL[80] = _vf_NodeEvent
+    _VW_ALL[80] = _vw_NodeEvent
+    _BF_ALL[80] = _bg_NodeEvent
+    _TINDEX[NodeEvent] = 80
+    _VF_ALL[81] = _vf_LoadModelRequest
+    _VW_ALL[81] = _vw_LoadModelRequest
+    _BF_ALL[81] = _bg_LoadModelRequest
+    _TINDEX[LoadModelRequest] = 81
+    _VF_ALL[82] = _vf_LoadModelResponse
+    _VW_ALL[82] = _vw_LoadModelResponse
+    _BF_ALL[82] = _bg_LoadModelResponse
+    _TINDEX[LoadModelResponse] = 82
+    _VF_ALL[83] = _vf_UnloadModelRequest
+    _VW_ALL[83] = _vw_UnloadModelRequest
+    _BF_ALL[83] = _bg_UnloadModelRequest
+    _TINDEX[UnloadModelRequest] = 83
+    _VF_ALL[84] = _vf_CreateEmbeddedStringStorageRequest
+    _VW_ALL[84] = _vw_CreateEmbeddedStringStorageRequest
+    _BF_ALL[84] = _bg_CreateEmbeddedStringStorageRequest
+    _TINDEX[CreateEmbeddedStringStorageRequest] = 84
+    _VF_ALL[85] = _vf_CreateEmbeddedStringStorageResponse
+    _VW_ALL[85] = _vw_CreateEmbeddedStringStorageResponse
+    _BF_ALL[85] = _bg_CreateEmbeddedStringStorageResponse
+    _TINDEX[CreateEmbeddedStringStorageResponse] = 85
+    _VF_ALL[86] = _vf_DestroyEmbeddedStringStorageRequest
+    _VW_ALL[86] = _vw_DestroyEmbeddedStringStorageRequest
+    _BF_ALL[86] = _bg_DestroyEmbeddedStringStorageRequest
+    _TINDEX[DestroyEmbeddedStringStorageRequest] = 86
+    _VF_ALL[87] = _vf_ChangeAgentParamRequest
+    _VW_ALL[87] = _vw_ChangeAgentParamRequest
+    _BF_ALL[87] = _bg_ChangeAgentParamRequest
+    _TINDEX[ChangeAgentParamRequest] = 87
+    _VF_ALL[88] = _vf_CreateVoiceInputRequest
+    _VW_ALL[88] = _vw_CreateVoiceInputRequest
+    _BF_ALL[88] = _bg_CreateVoiceInputRequest
+    _TINDEX[CreateVoiceInputRequest] = 88
+    _VF_ALL[89] = _vf_CreateVoiceInputResponse
+    _VW_ALL[89] = _vw_CreateVoiceInputResponse
+    _BF_ALL[89] = _bg_CreateVoiceInputResponse
+    _TINDEX[CreateVoiceInputResponse] = 89
+    _VF_ALL[90] = _vf_BeginUtteranceRequest
+    _VW_ALL[90] = _vw_BeginUtteranceRequest
+    _BF_ALL[90] = _bg_BeginUtteranceRequest
+    _TINDEX[BeginUtteranceRequest] = 90
+    _VF_ALL[91] = _vf_AudioBuffer
+    _VW_ALL[91] = _vw_AudioBuffer
+    _BF_ALL[91] = _bg_AudioBuffer
+    _TINDEX[AudioBuffer] = 91
+    _VF_ALL[92] = _vf_EndUtteranceRequest
+    _VW_ALL[92] = _vw_EndUtteranceRequest
+    _BF_ALL[92] = _bg_EndUtteranceRequest
+    _TINDEX[EndUtteranceRequest] = 92
+    _VF_ALL[93] = _vf_CancelUtteranceRequest
+    _VW_ALL[93] = _vw_CancelUtteranceRequest
+    _BF_ALL[93] = _bg_CancelUtteranceRequest
+    _TINDEX[CancelUtteranceRequest] = 93
+    _VF_ALL[94] = _vf_WireTranscriptUpdate
+    _VW_ALL[94] = _vw_WireTranscriptUpdate
+    _BF_ALL[94] = _bg_WireTranscriptUpdate
+    _TINDEX[WireTranscriptUpdate] = 94
+    _VF_ALL[95] = _vf_DestroyVoiceInputRequest
+    _VW_ALL[95] = _vw_DestroyVoiceInputRequest
+    _BF_ALL[95] = _bg_DestroyVoiceInputRequest
+    _TINDEX[DestroyVoiceInputRequest] = 95
+    _VF_ALL[96] = _vf_TtsAudioFormatFrame
+    _VW_ALL[96] = _vw_TtsAudioFormatFrame
+    _BF_ALL[96] = _bg_TtsAudioFormatFrame
+    _TINDEX[TtsAudioFormatFrame] = 96
+    _VF_ALL[97] = _vf_TtsAudioFrame
+    _VW_ALL[97] = _vw_TtsAudioFrame
+    _BF_ALL[97] = _bg_TtsAudioFrame
+    _TINDEX[TtsAudioFrame] = 97
+    _VF_ALL[98] = _vf_DeleteModelRequest
+    _VW_ALL[98] = _vw_DeleteModelRequest
+    _BF_ALL[98] = _bg_DeleteModelRequest
+    _TINDEX[DeleteModelRequest] = 98
+    _VF_ALL[99] = _vf_DebugCommandRequest
+    _VW_ALL[99] = _vw_DebugCommandRequest
+    _BF_ALL[99] = _bg_DebugCommandRequest
+    _TINDEX[DebugCommandRequest] = 99
+    _VF_ALL[100] = _vf_DebugCommandResponse
+    _VW_ALL[100] = _vw_DebugCommandResponse
+    _BF_ALL[100] = _bg_DebugCommandResponse
+    _TINDEX[DebugCommandResponse] = 100
+    _VF_ALL[101] = _vf_CancelRequest
+    _VW_ALL[101] = _vw_CancelRequest
+    _BF_ALL[101] = _bg_CancelRequest
+    _TINDEX[CancelRequest] = 101
+    _VF_ALL[102] = _vf_ResumeAgentRequest
+    _VW_ALL[102] = _vw_ResumeAgentRequest
+    _BF_ALL[102] = _bg_ResumeAgentRequest
+    _TINDEX[ResumeAgentRequest] = 102
+    _VF_ALL[103] = _vf_UpdateAgentVariablesRequest
+    _VW_ALL[103] = _vw_UpdateAgentVariablesRequest
+    _BF_ALL[103] = _bg_UpdateAgentVariablesRequest
+    _TINDEX[UpdateAgentVariablesRequest] = 103
+    _VF_ALL[104] = _vf_GetAgentVariablesRequest
+    _VW_ALL[104] = _vw_GetAgentVariablesRequest
+    _BF_ALL[104] = _bg_GetAgentVariablesRequest
+    _TINDEX[GetAgentVariablesRequest] = 104
+    _VF_ALL[105] = _vf_GetAgentVariablesResponse
+    _VW_ALL[105] = _vw_GetAgentVariablesResponse
+    _BF_ALL[105] = _bg_GetAgentVariablesResponse
+    _TINDEX[GetAgentVariablesResponse] = 105
+    _VF_ALL[106] = _vf_PrefillAgentKvCacheRequest
+    _VW_ALL[106] = _vw_PrefillAgentKvCacheRequest
+    _BF_ALL[106] = _bg_PrefillAgentKvCacheRequest
+    _TINDEX[PrefillAgentKvCacheRequest] = 106
+    _VF_ALL[107] = _vf_PrefillAgentKvCacheResponse
+    _VW_ALL[107] = _vw_PrefillAgentKvCacheResponse
+    _BF_ALL[107] = _bg_PrefillAgentKvCacheResponse
+    _TINDEX[PrefillAgentKvCacheResponse] = 107
+    _VF_ALL[108] = _vf_EvictAgentKvCacheRequest
+    _VW_ALL[108] = _vw_EvictAgentKvCacheRequest
+    _BF_ALL[108] = _bg_EvictAgentKvCacheRequest
+    _TINDEX[EvictAgentKvCacheRequest] = 108
+    _VF_ALL[109] = _vf_EvictAgentKvCacheResponse
+    _VW_ALL[109] = _vw_EvictAgentKvCacheResponse
+    _BF_ALL[109] = _bg_EvictAgentKvCacheResponse
+    _TINDEX[EvictAgentKvCacheResponse] = 109
+    _VF_ALL[110] = _vf_GetAgentKvCacheStatusRequest
+    _VW_ALL[110] = _vw_GetAgentKvCacheStatusRequest
+    _BF_ALL[110] = _bg_GetAgentKvCacheStatusRequest
+    _TINDEX[GetAgentKvCacheStatusRequest] = 110
+    _VF_ALL[111] = _vf_GetAgentKvCacheStatusResponse
+    _VW_ALL[111] = _vw_GetAgentKvCacheStatusResponse
+    _BF_ALL[111] = _bg_GetAgentKvCacheStatusResponse
+    _TINDEX[GetAgentKvCacheStatusResponse] = 111
+    _VF_ALL[112] = _vf_AppendInteractionsRequest
+    _VW_ALL[112] = _vw_AppendInteractionsRequest
+    _BF_ALL[112] = _bg_AppendInteractionsRequest
+    _TINDEX[AppendInteractionsRequest] = 112
+    _VF_ALL[113] = _vf_AppendInteractionsResponse
+    _VW_ALL[113] = _vw_AppendInteractionsResponse
+    _BF_ALL[113] = _bg_AppendInteractionsResponse
+    _TINDEX[AppendInteractionsResponse] = 113
+    _VF_ALL[114] = _vf_RemoveInteractionsFromEndRequest
+    _VW_ALL[114] = _vw_RemoveInteractionsFromEndRequest
+    _BF_ALL[114] = _bg_RemoveInteractionsFromEndRequest
+    _TINDEX[RemoveInteractionsFromEndRequest] = 114
+    _VF_ALL[115] = _vf_RemoveInteractionsFromEndResponse
+    _VW_ALL[115] = _vw_RemoveInteractionsFromEndResponse
+    _BF_ALL[115] = _bg_RemoveInteractionsFromEndResponse
+    _TINDEX[RemoveInteractionsFromEndResponse] = 115
+    _VF_ALL[116] = _vf_SetInferenceThrottle
+    _VW_ALL[116] = _vw_SetInferenceThrottle
+    _BF_ALL[116] = _bg_SetInferenceThrottle
+    _TINDEX[SetInferenceThrottle] = 116
+    _VF_ALL[117] = _vf_SetSessionLocaleRequest
+    _VW_ALL[117] = _vw_SetSessionLocaleRequest
+    _BF_ALL[117] = _bg_SetSessionLocaleRequest
+    _TINDEX[SetSessionLocaleRequest] = 117
+    _VF_ALL[118] = _vf_ExportDialogRequest
+    _VW_ALL[118] = _vw_ExportDialogRequest
+    _BF_ALL[118] = _bg_ExportDialogRequest
+    _TINDEX[ExportDialogRequest] = 118
+    _VF_ALL[119] = _vf_ExportDialogResponse
+    _VW_ALL[119] = _vw_ExportDialogResponse
+    _BF_ALL[119] = _bg_ExportDialogResponse
+    _TINDEX[ExportDialogResponse] = 119
+    _VF_ALL[120] = _vf_ImportDialogRequest
+    _VW_ALL[120] = _vw_ImportDialogRequest
+    _BF_ALL[120] = _bg_ImportDialogRequest
+    _TINDEX[ImportDialogRequest] = 120
+    _VF_ALL[121] = _vf_ImportDialogResponse
+    _VW_ALL[121] = _vw_ImportDialogResponse
+    _BF_ALL[121] = _bg_ImportDialogResponse
+    _TINDEX[ImportDialogResponse] = 121
+    _VF_ALL[122] = _vf_GetMemoryConsumptionRequest
+    _VW_ALL[122] = _vw_GetMemoryConsumptionRequest
+    _BF_ALL[122] = _bg_GetMemoryConsumptionRequest
+    _TINDEX[GetMemoryConsumptionRequest] = 122
+    _VF_ALL[123] = _vf_GetMemoryConsumptionResponse
+    _VW_ALL[123] = _vw_GetMemoryConsumptionResponse
+    _BF_ALL[123] = _bg_GetMemoryConsumptionResponse
+    _TINDEX[GetMemoryConsumptionResponse] = 123
+    _VF_ALL[124] = _vf_EnsureMutableKbRequest
+    _VW_ALL[124] = _vw_EnsureMutableKbRequest
+    _BF_ALL[124] = _bg_EnsureMutableKbRequest
+    _TINDEX[EnsureMutableKbRequest] = 124
+    _VF_ALL[125] = _vf_EnsureMutableKbResponse
+    _VW_ALL[125] = _vw_EnsureMutableKbResponse
+    _BF_ALL[125] = _bg_EnsureMutableKbResponse
+    _TINDEX[EnsureMutableKbResponse] = 125
+    _VF_ALL[126] = _vf_EnumerateMutableKbsRequest
+    _VW_ALL[126] = _vw_EnumerateMutableKbsRequest
+    _BF_ALL[126] = _bg_EnumerateMutableKbsRequest
+    _TINDEX[EnumerateMutableKbsRequest] = 126
+    _VF_ALL[127] = _vf_EnumerateMutableKbsResponse
+    _VW_ALL[127] = _vw_EnumerateMutableKbsResponse
+    _BF_ALL[127] = _bg_EnumerateMutableKbsResponse
+    _TINDEX[EnumerateMutableKbsResponse] = 127
+    _VF_ALL[128] = _vf_MutableKbWriteRequest
+    _VW_ALL[128] = _vw_MutableKbWriteRequest
+    _BF_ALL[128] = _bg_MutableKbWriteRequest
+    _TINDEX[MutableKbWriteRequest] = 128
+    _VF_ALL[129] = _vf_MutableKbWriteResponse
+    _VW_ALL[129] = _vw_MutableKbWriteResponse
+    _BF_ALL[129] = _bg_MutableKbWriteResponse
+    _TINDEX[MutableKbWriteResponse] = 129
+    _VF_ALL[130] = _vf_MutableKbDeleteRequest
+    _VW_ALL[130] = _vw_MutableKbDeleteRequest
+    _BF_ALL[130] = _bg_MutableKbDeleteRequest
+    _TINDEX[MutableKbDeleteRequest] = 130
+    _VF_ALL[131] = _vf_MutableKbDeleteResponse
+    _VW_ALL[131] = _vw_MutableKbDeleteResponse
+    _BF_ALL[131] = _bg_MutableKbDeleteResponse
+    _TINDEX[MutableKbDeleteResponse] = 131
+    _VF_ALL[132] = _vf_MutableKbClearRequest
+    _VW_ALL[132] = _vw_MutableKbClearRequest
+    _BF_ALL[132] = _bg_MutableKbClearRequest
+    _TINDEX[MutableKbClearRequest] = 132
+    _VF_ALL[133] = _vf_MutableKbClearResponse
+    _VW_ALL[133] = _vw_MutableKbClearResponse
+    _BF_ALL[133] = _bg_MutableKbClearResponse
+    _TINDEX[MutableKbClearResponse] = 133
+    _VF_ALL[134] = _vf_MutableKbQueryRequest
+    _VW_ALL[134] = _vw_MutableKbQueryRequest
+    _BF_ALL[134] = _bg_MutableKbQueryRequest
+    _TINDEX[MutableKbQueryRequest] = 134
+    _VF_ALL[135] = _vf_MutableKbQueryResponse
+    _VW_ALL[135] = _vw_MutableKbQueryResponse
+    _BF_ALL[135] = _bg_MutableKbQueryResponse
+    _TINDEX[MutableKbQueryResponse] = 135
+    _VF_ALL[136] = _vf_MutableKbGetRequest
+    _VW_ALL[136] = _vw_MutableKbGetRequest
+    _BF_ALL[136] = _bg_MutableKbGetRequest
+    _TINDEX[MutableKbGetRequest] = 136
+    _VF_ALL[137] = _vf_MutableKbGetResponse
+    _VW_ALL[137] = _vw_MutableKbGetResponse
+    _BF_ALL[137] = _bg_MutableKbGetResponse
+    _TINDEX[MutableKbGetResponse] = 137
+    _VF_ALL[138] = _vf_MutableKbListRequest
+    _VW_ALL[138] = _vw_MutableKbListRequest
+    _BF_ALL[138] = _bg_MutableKbListRequest
+    _TINDEX[MutableKbListRequest] = 138
+    _VF_ALL[139] = _vf_MutableKbListResponse
+    _VW_ALL[139] = _vw_MutableKbListResponse
+    _BF_ALL[139] = _bg_MutableKbListResponse
+    _TINDEX[MutableKbListResponse] = 139
+    _VF_ALL[140] = _vf_MutableKbStatsRequest
+    _VW_ALL[140] = _vw_MutableKbStatsRequest
+    _BF_ALL[140] = _bg_MutableKbStatsRequest
+    _TINDEX[MutableKbStatsRequest] = 140
+    _VF_ALL[141] = _vf_MutableKbStatsResponse
+    _VW_ALL[141] = _vw_MutableKbStatsResponse
+    _BF_ALL[141] = _bg_MutableKbStatsResponse
+    _TINDEX[MutableKbStatsResponse] = 141
+    _VF_ALL[142] = _vf_ExportMutableKbRequest
+    _VW_ALL[142] = _vw_ExportMutableKbRequest
+    _BF_ALL[142] = _bg_ExportMutableKbRequest
+    _TINDEX[ExportMutableKbRequest] = 142
+    _VF_ALL[143] = _vf_ExportMutableKbResponse
+    _VW_ALL[143] = _vw_ExportMutableKbResponse
+    _BF_ALL[143] = _bg_ExportMutableKbResponse
+    _TINDEX[ExportMutableKbResponse] = 143
+    _VF_ALL[144] = _vf_ImportMutableKbRequest
+    _VW_ALL[144] = _vw_ImportMutableKbRequest
+    _BF_ALL[144] = _bg_ImportMutableKbRequest
+    _TINDEX[ImportMutableKbRequest] = 144
+    _VF_ALL[145] = _vf_ImportMutableKbResponse
+    _VW_ALL[145] = _vw_ImportMutableKbResponse
+    _BF_ALL[145] = _bg_ImportMutableKbResponse
+    _TINDEX[ImportMutableKbResponse] = 145
+    _VF_ALL[146] = _vf_SaveGameMemoryRequest
+    _VW_ALL[146] = _vw_SaveGameMemoryRequest
+    _BF_ALL[146] = _bg_SaveGameMemoryRequest
+    _TINDEX[SaveGameMemoryRequest] = 146
+    _VF_ALL[147] = _vf_SaveGameMemoryResponse
+    _VW_ALL[147] = _vw_SaveGameMemoryResponse
+    _BF_ALL[147] = _bg_SaveGameMemoryResponse
+    _TINDEX[SaveGameMemoryResponse] = 147
+    _VF_ALL[148] = _vf_LoadGameMemoryRequest
+    _VW_ALL[148] = _vw_LoadGameMemoryRequest
+    _BF_ALL[148] = _bg_LoadGameMemoryRequest
+    _TINDEX[LoadGameMemoryRequest] = 148
+    _VF_ALL[149] = _vf_LoadGameMemoryResponse
+    _VW_ALL[149] = _vw_LoadGameMemoryResponse
+    _BF_ALL[149] = _bg_LoadGameMemoryResponse
+    _TINDEX[LoadGameMemoryResponse] = 149
+    _VF_ALL[150] = _vf_SaveDialogRequest
+    _VW_ALL[150] = _vw_SaveDialogRequest
+    _BF_ALL[150] = _bg_SaveDialogRequest
+    _TINDEX[SaveDialogRequest] = 150
+    _VF_ALL[151] = _vf_SaveDialogResponse
+    _VW_ALL[151] = _vw_SaveDialogResponse
+    _BF_ALL[151] = _bg_SaveDialogResponse
+    _TINDEX[SaveDialogResponse] = 151
+    _VF_ALL[152] = _vf_LoadDialogRequest
+    _VW_ALL[152] = _vw_LoadDialogRequest
+    _BF_ALL[152] = _bg_LoadDialogRequest
+    _TINDEX[LoadDialogRequest] = 152
+    _VF_ALL[153] = _vf_LoadDialogResponse
+    _VW_ALL[153] = _vw_LoadDialogResponse
+    _BF_ALL[153] = _bg_LoadDialogResponse
+    _TINDEX[LoadDialogResponse] = 153
+    _VF_ALL[154] = _vf_TtsVisemeFrame
+    _VW_ALL[154] = _vw_TtsVisemeFrame
+    _BF_ALL[154] = _bg_TtsVisemeFrame
+    _TINDEX[TtsVisemeFrame] = 154
+    _VF_ALL[155] = _vf_SetAgentVoiceRequest
+    _VW_ALL[155] = _vw_SetAgentVoiceRequest
+    _BF_ALL[155] = _bg_SetAgentVoiceRequest
+    _TINDEX[SetAgentVoiceRequest] = 155
+    _VF_ALL[156] = _vf_SetAgentDeliveryModeRequest
+    _VW_ALL[156] = _vw_SetAgentDeliveryModeRequest
+    _BF_ALL[156] = _bg_SetAgentDeliveryModeRequest
+    _TINDEX[SetAgentDeliveryModeRequest] = 156
+    _VF_ALL[157] = _vf_Message
+    _VW_ALL[157] = _vw_Message
+    _BF_ALL[157] = _bg_Message
+    _TINDEX[Message] = 157
 
 _init_all()
 
 cdef dict _FILE_IDS = {PersistedDialogSnapshot: b'TDLG', Message: None}
 
-TABLES = (LocalizableText, SamplingOverrides, ContextOverrides, LoraAdapter, ModelAdaptation, ToolParamDefinition, ToolDefinition, AttributeDefinition, GenerateParams, CannedResponseParams, InstructionParams, HumanMessageGuardrailParams, RetrieveParams, ClassifyIntentParams, ClassifyIntentLLMParams, IntentToInstructionParams, ToolCallParams, PauseParams, SpeakParams, GenerateAndSpeakParams, WriteToMemoryParams, SummarizeParams, ClassifyAttributesLLMParams, NodeDescription, GraphDescription, DeliveryMode, VoiceProfile, PersistedUserMessage, PersistedAssistantMessage, PersistedToolCall, PersistedToolResult, PersistedInstruction, PersistedKnowledgeEntry, PersistedKnowledge, PersistedSummary, PersistedComponent, PersistedInteraction, PersistedDialogSnapshot, EngineHint, PlacementHint, ModelConfig, VarInt, VarFloat, VarString, VarBool, VarStringSet, AgentVariable, VariableUpdate, ToolResult, DialogInteraction, KeyValue, TtsCapabilitiesInfo, ModelInfo, MemoryConsumptionEntry, MemoryTierUsage, MutableKbSchema, MutableKbInfo, MutableKbRecord, MutableKbWriteResult, MutableKbHit, ConnectionReady, CreateSessionRequest, CreateSessionResponse, CreateAgentRequest, CreateAgentResponse, SendMessageRequest, DestroyAgentRequest, AnswerText, TurnComplete, ErrorResponse, Ack, ListModelsRequest, ListModelsResponse, DownloadModelRequest, DownloadProgress, DownloadComplete, CreateStringStorageRequest, CreateStringStorageResponse, DestroyStringStorageRequest, NodeEvent, LoadModelRequest, LoadModelResponse, UnloadModelRequest, CreateEmbeddedStringStorageRequest, CreateEmbeddedStringStorageResponse, DestroyEmbeddedStringStorageRequest, ChangeAgentParamRequest, CreateVoiceInputRequest, CreateVoiceInputResponse, BeginUtteranceRequest, AudioBuffer, EndUtteranceRequest, CancelUtteranceRequest, WireTranscriptUpdate, DestroyVoiceInputRequest, TtsAudioFormatFrame, TtsAudioFrame, DeleteModelRequest, DebugCommandRequest, DebugCommandResponse, CancelRequest, ResumeAgentRequest, UpdateAgentVariablesRequest, GetAgentVariablesRequest, GetAgentVariablesResponse, PrefillAgentKvCacheRequest, PrefillAgentKvCacheResponse, EvictAgentKvCacheRequest, EvictAgentKvCacheResponse, GetAgentKvCacheStatusRequest, GetAgentKvCacheStatusResponse, AppendInteractionsRequest, AppendInteractionsResponse, RemoveInteractionsFromEndRequest, RemoveInteractionsFromEndResponse, SetInferenceThrottle, SetSessionLocaleRequest, ExportDialogRequest, ExportDialogResponse, ImportDialogRequest, ImportDialogResponse, GetMemoryConsumptionRequest, GetMemoryConsumptionResponse, EnsureMutableKbRequest, EnsureMutableKbResponse, EnumerateMutableKbsRequest, EnumerateMutableKbsResponse, MutableKbWriteRequest, MutableKbWriteResponse, MutableKbDeleteRequest, MutableKbDeleteResponse, MutableKbClearRequest, MutableKbClearResponse, MutableKbQueryRequest, MutableKbQueryResponse, MutableKbGetRequest, MutableKbGetResponse, MutableKbListRequest, MutableKbListResponse, MutableKbStatsRequest, MutableKbStatsResponse, ExportMutableKbRequest, ExportMutableKbResponse, ImportMutableKbRequest, ImportMutableKbResponse, SaveGameMemoryRequest, SaveGameMemoryResponse, LoadGameMemoryRequest, LoadGameMemoryResponse, SaveDialogRequest, SaveDialogResponse, LoadDialogRequest, LoadDialogResponse, TtsVisemeFrame, SetAgentVoiceRequest, SetAgentDeliveryModeRequest, Message, )
+TABLES = (ToolParamDefinition, ToolDefinition, SamplingOverrides, LocalizableText, ContextOverrides, LoraAdapter, ModelAdaptation, AttributeDefinition, GenerateParams, HumanMessageGuardrailParams, CannedResponseParams, ToolCallParams, RetrieveParams, InstructionParams, ClassifyIntentParams, ClassifyIntentLLMParams, IntentToInstructionParams, GenerateAndSpeakParams, SpeakParams, PauseParams, WriteToMemoryParams, SummarizeParams, ClassifyAttributesLLMParams, NodeDescription, GraphDescription, DeliveryMode, VoiceProfile, PersistedUserMessage, PersistedAssistantMessage, PersistedToolCall, PersistedToolResult, PersistedInstruction, PersistedKnowledgeEntry, PersistedKnowledge, PersistedSummary, PersistedComponent, PersistedInteraction, PersistedDialogSnapshot, EngineHint, PlacementHint, ModelConfig, VarInt, VarFloat, VarString, VarBool, VarStringSet, AgentVariable, VariableUpdate, ToolResult, DialogInteraction, NodeParam, WireAudioFormat, TtsCapabilitiesInfo, ModelInfo, MemoryConsumptionEntry, MemoryTierUsage, MutableKbSchema, MutableKbInfo, MutableKbRecord, MutableKbWriteResult, MutableKbHit, ConnectionReady, CreateSessionRequest, CreateSessionResponse, CreateAgentRequest, CreateAgentResponse, SendMessageRequest, DestroyAgentRequest, AnswerText, TurnComplete, ErrorResponse, Ack, ListModelsRequest, ListModelsResponse, DownloadModelRequest, DownloadProgress, DownloadComplete, CreateStringStorageRequest, CreateStringStorageResponse, DestroyStringStorageRequest, NodeEvent, LoadModelRequest, LoadModelResponse, UnloadModelRequest, CreateEmbeddedStringStorageRequest, CreateEmbeddedStringStorageResponse, DestroyEmbeddedStringStorageRequest, ChangeAgentParamRequest, CreateVoiceInputRequest, CreateVoiceInputResponse, BeginUtteranceRequest, AudioBuffer, EndUtteranceRequest, CancelUtteranceRequest, WireTranscriptUpdate, DestroyVoiceInputRequest, TtsAudioFormatFrame, TtsAudioFrame, DeleteModelRequest, DebugCommandRequest, DebugCommandResponse, CancelRequest, ResumeAgentRequest, UpdateAgentVariablesRequest, GetAgentVariablesRequest, GetAgentVariablesResponse, PrefillAgentKvCacheRequest, PrefillAgentKvCacheResponse, EvictAgentKvCacheRequest, EvictAgentKvCacheResponse, GetAgentKvCacheStatusRequest, GetAgentKvCacheStatusResponse, AppendInteractionsRequest, AppendInteractionsResponse, RemoveInteractionsFromEndRequest, RemoveInteractionsFromEndResponse, SetInferenceThrottle, SetSessionLocaleRequest, ExportDialogRequest, ExportDialogResponse, ImportDialogRequest, ImportDialogResponse, GetMemoryConsumptionRequest, GetMemoryConsumptionResponse, EnsureMutableKbRequest, EnsureMutableKbResponse, EnumerateMutableKbsRequest, EnumerateMutableKbsResponse, MutableKbWriteRequest, MutableKbWriteResponse, MutableKbDeleteRequest, MutableKbDeleteResponse, MutableKbClearRequest, MutableKbClearResponse, MutableKbQueryRequest, MutableKbQueryResponse, MutableKbGetRequest, MutableKbGetResponse, MutableKbListRequest, MutableKbListResponse, MutableKbStatsRequest, MutableKbStatsResponse, ExportMutableKbRequest, ExportMutableKbResponse, ImportMutableKbRequest, ImportMutableKbResponse, SaveGameMemoryRequest, SaveGameMemoryResponse, LoadGameMemoryRequest, LoadGameMemoryResponse, SaveDialogRequest, SaveDialogResponse, LoadDialogRequest, LoadDialogResponse, TtsVisemeFrame, SetAgentVoiceRequest, SetAgentDeliveryModeRequest, Message, )
 STRUCTS = (VisemeCue, )
-ENUMS = (ToolCallMode, ToolCallDisposition, SendMode, PromptPlacement, NotifyClient, SelectionStrategy, RetrievalMode, KvCacheType, FlashAttention, MemoryContent, PersistedHistoryRole, PersistedProducer, PersistedSlotKind, PersistedToolCallState, PersistedInteractionOutcome, TurnStatus, TranscriptUpdateKind, KvCacheInitialization, AgentWorkload, StringStorageKind, CancelMode, VariableOp, DialogCompatibility, KvResidency, KvPrefixStatus, MemoryPlacement, EmbedTiming, ModelRole, EngineKind, ModelStatus, MemoryTier, MemoryOwnerKind, InferenceConsumerClass, MutableKbWriteStatus, Viseme, )
+ENUMS = (Placement, CannedResponseSelectionStrategy, ToolCallMode, ToolCallDisposition, SendMode, NotifyClient, RetrievalMode, KvCacheType, FlashAttention, MemoryContent, PersistedHistoryRole, PersistedProducer, PersistedSlotKind, PersistedToolCallState, PersistedInteractionOutcome, TurnStatus, TranscriptUpdateKind, KvCacheInitialization, AgentWorkload, StringStorageKind, CancelMode, VariableOp, DialogCompatibility, KvResidency, KvPrefixStatus, MemoryPlacement, EmbedTiming, ModelRole, InferenceEngine, ModelStatus, MemoryTier, MemoryOwnerKind, InferenceConsumerClass, MutableKbWriteStatus, Viseme, )
 UNIONS = (NodeParams, PersistedComponentBody, VariableValue, MessageBody, )
-GENERATED_NAMES = ('ToolCallMode', 'ToolCallDisposition', 'SendMode', 'PromptPlacement', 'NotifyClient', 'SelectionStrategy', 'RetrievalMode', 'KvCacheType', 'FlashAttention', 'MemoryContent', 'PersistedHistoryRole', 'PersistedProducer', 'PersistedSlotKind', 'PersistedToolCallState', 'PersistedInteractionOutcome', 'TurnStatus', 'TranscriptUpdateKind', 'KvCacheInitialization', 'AgentWorkload', 'StringStorageKind', 'CancelMode', 'VariableOp', 'DialogCompatibility', 'KvResidency', 'KvPrefixStatus', 'MemoryPlacement', 'EmbedTiming', 'ModelRole', 'EngineKind', 'ModelStatus', 'MemoryTier', 'MemoryOwnerKind', 'InferenceConsumerClass', 'MutableKbWriteStatus', 'Viseme', 'NodeParams', 'PersistedComponentBody', 'VariableValue', 'MessageBody', 'VisemeCue', 'LocalizableText', 'SamplingOverrides', 'ContextOverrides', 'LoraAdapter', 'ModelAdaptation', 'ToolParamDefinition', 'ToolDefinition', 'AttributeDefinition', 'GenerateParams', 'CannedResponseParams', 'InstructionParams', 'HumanMessageGuardrailParams', 'RetrieveParams', 'ClassifyIntentParams', 'ClassifyIntentLLMParams', 'IntentToInstructionParams', 'ToolCallParams', 'PauseParams', 'SpeakParams', 'GenerateAndSpeakParams', 'WriteToMemoryParams', 'SummarizeParams', 'ClassifyAttributesLLMParams', 'NodeDescription', 'GraphDescription', 'DeliveryMode', 'VoiceProfile', 'PersistedUserMessage', 'PersistedAssistantMessage', 'PersistedToolCall', 'PersistedToolResult', 'PersistedInstruction', 'PersistedKnowledgeEntry', 'PersistedKnowledge', 'PersistedSummary', 'PersistedComponent', 'PersistedInteraction', 'PersistedDialogSnapshot', 'EngineHint', 'PlacementHint', 'ModelConfig', 'VarInt', 'VarFloat', 'VarString', 'VarBool', 'VarStringSet', 'AgentVariable', 'VariableUpdate', 'ToolResult', 'DialogInteraction', 'KeyValue', 'TtsCapabilitiesInfo', 'ModelInfo', 'MemoryConsumptionEntry', 'MemoryTierUsage', 'MutableKbSchema', 'MutableKbInfo', 'MutableKbRecord', 'MutableKbWriteResult', 'MutableKbHit', 'ConnectionReady', 'CreateSessionRequest', 'CreateSessionResponse', 'CreateAgentRequest', 'CreateAgentResponse', 'SendMessageRequest', 'DestroyAgentRequest', 'AnswerText', 'TurnComplete', 'ErrorResponse', 'Ack', 'ListModelsRequest', 'ListModelsResponse', 'DownloadModelRequest', 'DownloadProgress', 'DownloadComplete', 'CreateStringStorageRequest', 'CreateStringStorageResponse', 'DestroyStringStorageRequest', 'NodeEvent', 'LoadModelRequest', 'LoadModelResponse', 'UnloadModelRequest', 'CreateEmbeddedStringStorageRequest', 'CreateEmbeddedStringStorageResponse', 'DestroyEmbeddedStringStorageRequest', 'ChangeAgentParamRequest', 'CreateVoiceInputRequest', 'CreateVoiceInputResponse', 'BeginUtteranceRequest', 'AudioBuffer', 'EndUtteranceRequest', 'CancelUtteranceRequest', 'WireTranscriptUpdate', 'DestroyVoiceInputRequest', 'TtsAudioFormatFrame', 'TtsAudioFrame', 'DeleteModelRequest', 'DebugCommandRequest', 'DebugCommandResponse', 'CancelRequest', 'ResumeAgentRequest', 'UpdateAgentVariablesRequest', 'GetAgentVariablesRequest', 'GetAgentVariablesResponse', 'PrefillAgentKvCacheRequest', 'PrefillAgentKvCacheResponse', 'EvictAgentKvCacheRequest', 'EvictAgentKvCacheResponse', 'GetAgentKvCacheStatusRequest', 'GetAgentKvCacheStatusResponse', 'AppendInteractionsRequest', 'AppendInteractionsResponse', 'RemoveInteractionsFromEndRequest', 'RemoveInteractionsFromEndResponse', 'SetInferenceThrottle', 'SetSessionLocaleRequest', 'ExportDialogRequest', 'ExportDialogResponse', 'ImportDialogRequest', 'ImportDialogResponse', 'GetMemoryConsumptionRequest', 'GetMemoryConsumptionResponse', 'EnsureMutableKbRequest', 'EnsureMutableKbResponse', 'EnumerateMutableKbsRequest', 'EnumerateMutableKbsResponse', 'MutableKbWriteRequest', 'MutableKbWriteResponse', 'MutableKbDeleteRequest', 'MutableKbDeleteResponse', 'MutableKbClearRequest', 'MutableKbClearResponse', 'MutableKbQueryRequest', 'MutableKbQueryResponse', 'MutableKbGetRequest', 'MutableKbGetResponse', 'MutableKbListRequest', 'MutableKbListResponse', 'MutableKbStatsRequest', 'MutableKbStatsResponse', 'ExportMutableKbRequest', 'ExportMutableKbResponse', 'ImportMutableKbRequest', 'ImportMutableKbResponse', 'SaveGameMemoryRequest', 'SaveGameMemoryResponse', 'LoadGameMemoryRequest', 'LoadGameMemoryResponse', 'SaveDialogRequest', 'SaveDialogResponse', 'LoadDialogRequest', 'LoadDialogResponse', 'TtsVisemeFrame', 'SetAgentVoiceRequest', 'SetAgentDeliveryModeRequest', 'Message')
+GENERATED_NAMES = ('Placement', 'CannedResponseSelectionStrategy', 'ToolCallMode', 'ToolCallDisposition', 'SendMode', 'NotifyClient', 'RetrievalMode', 'KvCacheType', 'FlashAttention', 'MemoryContent', 'PersistedHistoryRole', 'PersistedProducer', 'PersistedSlotKind', 'PersistedToolCallState', 'PersistedInteractionOutcome', 'TurnStatus', 'TranscriptUpdateKind', 'KvCacheInitialization', 'AgentWorkload', 'StringStorageKind', 'CancelMode', 'VariableOp', 'DialogCompatibility', 'KvResidency', 'KvPrefixStatus', 'MemoryPlacement', 'EmbedTiming', 'ModelRole', 'InferenceEngine', 'ModelStatus', 'MemoryTier', 'MemoryOwnerKind', 'InferenceConsumerClass', 'MutableKbWriteStatus', 'Viseme', 'NodeParams', 'PersistedComponentBody', 'VariableValue', 'MessageBody', 'VisemeCue', 'ToolParamDefinition', 'ToolDefinition', 'SamplingOverrides', 'LocalizableText', 'ContextOverrides', 'LoraAdapter', 'ModelAdaptation', 'AttributeDefinition', 'GenerateParams', 'HumanMessageGuardrailParams', 'CannedResponseParams', 'ToolCallParams', 'RetrieveParams', 'InstructionParams', 'ClassifyIntentParams', 'ClassifyIntentLLMParams', 'IntentToInstructionParams', 'GenerateAndSpeakParams', 'SpeakParams', 'PauseParams', 'WriteToMemoryParams', 'SummarizeParams', 'ClassifyAttributesLLMParams', 'NodeDescription', 'GraphDescription', 'DeliveryMode', 'VoiceProfile', 'PersistedUserMessage', 'PersistedAssistantMessage', 'PersistedToolCall', 'PersistedToolResult', 'PersistedInstruction', 'PersistedKnowledgeEntry', 'PersistedKnowledge', 'PersistedSummary', 'PersistedComponent', 'PersistedInteraction', 'PersistedDialogSnapshot', 'EngineHint', 'PlacementHint', 'ModelConfig', 'VarInt', 'VarFloat', 'VarString', 'VarBool', 'VarStringSet', 'AgentVariable', 'VariableUpdate', 'ToolResult', 'DialogInteraction', 'NodeParam', 'WireAudioFormat', 'TtsCapabilitiesInfo', 'ModelInfo', 'MemoryConsumptionEntry', 'MemoryTierUsage', 'MutableKbSchema', 'MutableKbInfo', 'MutableKbRecord', 'MutableKbWriteResult', 'MutableKbHit', 'ConnectionReady', 'CreateSessionRequest', 'CreateSessionResponse', 'CreateAgentRequest', 'CreateAgentResponse', 'SendMessageRequest', 'DestroyAgentRequest', 'AnswerText', 'TurnComplete', 'ErrorResponse', 'Ack', 'ListModelsRequest', 'ListModelsResponse', 'DownloadModelRequest', 'DownloadProgress', 'DownloadComplete', 'CreateStringStorageRequest', 'CreateStringStorageResponse', 'DestroyStringStorageRequest', 'NodeEvent', 'LoadModelRequest', 'LoadModelResponse', 'UnloadModelRequest', 'CreateEmbeddedStringStorageRequest', 'CreateEmbeddedStringStorageResponse', 'DestroyEmbeddedStringStorageRequest', 'ChangeAgentParamRequest', 'CreateVoiceInputRequest', 'CreateVoiceInputResponse', 'BeginUtteranceRequest', 'AudioBuffer', 'EndUtteranceRequest', 'CancelUtteranceRequest', 'WireTranscriptUpdate', 'DestroyVoiceInputRequest', 'TtsAudioFormatFrame', 'TtsAudioFrame', 'DeleteModelRequest', 'DebugCommandRequest', 'DebugCommandResponse', 'CancelRequest', 'ResumeAgentRequest', 'UpdateAgentVariablesRequest', 'GetAgentVariablesRequest', 'GetAgentVariablesResponse', 'PrefillAgentKvCacheRequest', 'PrefillAgentKvCacheResponse', 'EvictAgentKvCacheRequest', 'EvictAgentKvCacheResponse', 'GetAgentKvCacheStatusRequest', 'GetAgentKvCacheStatusResponse', 'AppendInteractionsRequest', 'AppendInteractionsResponse', 'RemoveInteractionsFromEndRequest', 'RemoveInteractionsFromEndResponse', 'SetInferenceThrottle', 'SetSessionLocaleRequest', 'ExportDialogRequest', 'ExportDialogResponse', 'ImportDialogRequest', 'ImportDialogResponse', 'GetMemoryConsumptionRequest', 'GetMemoryConsumptionResponse', 'EnsureMutableKbRequest', 'EnsureMutableKbResponse', 'EnumerateMutableKbsRequest', 'EnumerateMutableKbsResponse', 'MutableKbWriteRequest', 'MutableKbWriteResponse', 'MutableKbDeleteRequest', 'MutableKbDeleteResponse', 'MutableKbClearRequest', 'MutableKbClearResponse', 'MutableKbQueryRequest', 'MutableKbQueryResponse', 'MutableKbGetRequest', 'MutableKbGetResponse', 'MutableKbListRequest', 'MutableKbListResponse', 'MutableKbStatsRequest', 'MutableKbStatsResponse', 'ExportMutableKbRequest', 'ExportMutableKbResponse', 'ImportMutableKbRequest', 'ImportMutableKbResponse', 'SaveGameMemoryRequest', 'SaveGameMemoryResponse', 'LoadGameMemoryRequest', 'LoadGameMemoryResponse', 'SaveDialogRequest', 'SaveDialogResponse', 'LoadDialogRequest', 'LoadDialogResponse', 'TtsVisemeFrame', 'SetAgentVoiceRequest', 'SetAgentDeliveryModeRequest', 'Message')
+SCHEMA_FINGERPRINT = '2f6dc0656a424f8e'

@@ -85,8 +85,8 @@ def peek_request_id(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
             return 0
         body = Table.__new__(Table)
         _bind(body, src, _rd_target(src, p))
-        p = _tfield(body, 4, 4)                   # field 0: request_id: uint
-        return tf_ld_u32(src.buf + p) if p else 0
+        p = _tfield(body, 4, 8)                   # field 0: request_id: ulong
+        return tf_ld_u64(src.buf + p) if p else 0
     except (CodecError, ValueError, OverflowError):
         return 0
 
@@ -119,23 +119,26 @@ def encode(body):
     return out
 
 
-def encode_answer_text(uint64_t agent_id, str node_name, str text, bint is_delta,
-                       bint is_final):
+def encode_answer_text(uint64_t request_id, uint64_t agent_id, str node_name, str text,
+                       bint is_delta, bint is_final):
     """The AnswerText frame of the token-streaming hot path, written directly: the same
-    bytes as encode(AnswerText(agent_id=..., node_name=..., text=..., is_delta=...,
-    is_final=...)) (a test checks it), without building the value objects first."""
+    bytes as encode(AnswerText(request_id=..., agent_id=..., text=..., is_delta=...,
+    is_final=..., node_name=...)) (a test checks it), without building the value objects
+    first."""
     cdef Builder b = _take_builder()
     cdef uint32_t o_node, o_text, body, root
     cdef bytes out
     try:
-        o_node = _cv_string(b, node_name, 'AnswerText.node_name')
+        # children in the field order flatc's Pack() uses: text (slot 2), node_name (slot 5)
         o_text = _cv_string(b, text, 'AnswerText.text')
-        b.start_object(5)
-        b.add_u64(0, agent_id, 0)
-        b.add_offset(1, o_node)
+        o_node = _cv_string(b, node_name, 'AnswerText.node_name')
+        b.start_object(6)
+        b.add_u64(0, request_id, 0)
+        b.add_u64(1, agent_id, 0)
         b.add_offset(2, o_text)
         b.add_u8(3, is_delta, 0)
         b.add_u8(4, is_final, 0)
+        b.add_offset(5, o_node)
         body = b.end_object()
         b.start_object(2)
         b.add_u8(0, <uint8_t>MessageBody.AnswerText, 0)

@@ -172,6 +172,43 @@ cdef class Builder:
             self.slot(i)
         return 0
 
+    # optional scalars (`= null`): a set value is written whatever it is
+    cdef inline int set_u8(self, int i, uint8_t x) except -1:
+        self.prep(1, 0)
+        self.put_u8(x)
+        self.slot(i)
+        return 0
+
+    cdef inline int set_u16(self, int i, uint16_t x) except -1:
+        self.prep(2, 0)
+        self.put_u16(x)
+        self.slot(i)
+        return 0
+
+    cdef inline int set_u32(self, int i, uint32_t x) except -1:
+        self.prep(4, 0)
+        self.put_u32(x)
+        self.slot(i)
+        return 0
+
+    cdef inline int set_u64(self, int i, uint64_t x) except -1:
+        self.prep(8, 0)
+        self.put_u64(x)
+        self.slot(i)
+        return 0
+
+    cdef inline int set_f32(self, int i, double x) except -1:
+        self.prep(4, 0)
+        self.put_f32(<float>x)
+        self.slot(i)
+        return 0
+
+    cdef inline int set_f64(self, int i, double x) except -1:
+        self.prep(8, 0)
+        self.put_f64(x)
+        self.slot(i)
+        return 0
+
     cdef inline int add_offset(self, int i, uint32_t off) except -1:
         self.prepend_uoffset(off)
         self.slot(i)
@@ -461,39 +498,54 @@ cdef inline bint _is_buffer(object x):
 
 cdef uint32_t _cv_buffer_vector(Builder b, object x, Py_ssize_t itemsize,
                                 const char* fmt, str field) except 0:
-    """Fast path for 1-D buffers of the right item type (PCM as memoryview,
-    array.array('h'), numpy int16, bytes for [ubyte]): one memcpy when
+    """Fast path for 1-D buffers of the right item type: one memcpy when
     contiguous, a strided copy otherwise (e.g. one channel of stereo PCM).
+    A [ubyte] field also takes int16 samples (array.array('h'), numpy int16, a memoryview
+    cast to 'h'): PCM travels as [ubyte] holding int16 little-endian, so the samples go in
+    as their bytes (the byte order of every host this builds for). Other formats and
+    big-endian samples are refused, naming the field.
     Callers check `_is_buffer(x)` first."""
     cdef Py_buffer view
-    cdef Py_ssize_t n, i, stride
+    cdef Py_ssize_t n, i, stride, elem = itemsize
     cdef const uint8_t* src
     cdef uint8_t* dst
     PyObject_GetBuffer(x, &view, PyBUF_RECORDS_RO)
     try:
-        if not _format_matches(view.format, view.itemsize, itemsize, fmt):
+        if itemsize == 1 and _is_native_int16(view.format, view.itemsize):
+            elem = 2
+        elif not _format_matches(view.format, view.itemsize, itemsize, fmt):
             raise EncodeError(
                 f"{field}: buffer of format {view.format.decode() if view.format else 'B'!r}"
-                f" (itemsize {view.itemsize}) does not match element format {fmt.decode()!r}")
-        n = view.len // itemsize
+                f" (itemsize {view.itemsize}) does not match element format {fmt.decode()!r}"
+                + (" (or int16 samples)" if itemsize == 1 else ""))
+        n = view.len // elem
         if view.ndim > 1 or view.strides == NULL:
             # N-D data is taken as flat samples, but only if it is one block
             if not PyBuffer_IsContiguous(&view, b'C'):
                 raise EncodeError(f"{field}: a {view.ndim}-D buffer must be C-contiguous")
-            stride = itemsize
+            stride = elem
         else:
-            stride = view.strides[0] if view.ndim == 1 else itemsize
-        if stride == itemsize:
-            return b.create_raw_vector(view.buf, n, itemsize, itemsize)
-        b.start_vector(itemsize, n, itemsize)
-        b.head -= n * itemsize
+            stride = view.strides[0] if view.ndim == 1 else elem
+        if stride == elem:
+            return b.create_raw_vector(view.buf, n * elem // itemsize, itemsize, itemsize)
+        b.start_vector(itemsize, n * elem // itemsize, itemsize)
+        b.head -= n * elem
         dst = b.buf + b.head
         src = <const uint8_t*>view.buf
         for i in range(n):
-            memcpy(dst + i * itemsize, src + i * stride, itemsize)
-        return b.end_vector(n)
+            memcpy(dst + i * elem, src + i * stride, elem)
+        return b.end_vector(n * elem // itemsize)
     finally:
         PyBuffer_Release(&view)
+
+
+cdef inline bint _is_native_int16(const char* have, Py_ssize_t have_size):
+    """An int16 buffer format in native or little-endian order ('h', '<h', '=H', ...)."""
+    if have_size != 2 or have == NULL:
+        return False
+    if have[0] == b'<' or have[0] == b'=' or have[0] == b'@':
+        have += 1
+    return have[0] == b'h' or have[0] == b'H'
 
 
 cdef inline bint _format_matches(const char* have, Py_ssize_t have_size,

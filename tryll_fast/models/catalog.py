@@ -19,14 +19,14 @@ CATALOG_FORMAT = 1
 # Roles as the catalog spells them, with the wire enum ModelRole each one maps to.
 ROLE_TO_PROTOCOL = MappingProxyType({"llm": 0, "embedding": 1, "stt": 2, "tts": 3, "vad": 4})
 ROLES = tuple(ROLE_TO_PROTOCOL)
-# Engines are strings here; the server maps them onto EngineKind (faster-whisper is a
-# speech engine the wire enum does not name yet).
+# Engines are strings here; the server maps them onto the wire enum InferenceEngine.
 ENGINES = ("llama-cpp", "sherpa-onnx", "faster-whisper", "mock")
 
 # Entry and file names become directory and file names under the models dir, so they are
 # restricted to characters that are safe on every filesystem and cannot climb out of it.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
 # A pinned requirement only: an unpinned one could resolve to bytes the sha256 never saw.
 _PYPI_RE = re.compile(
@@ -39,6 +39,7 @@ _RESERVED_SUFFIXES = (".part", ".lock", ".tmp")
 _ENTRY_KEYS = {
     "name", "role", "engine", "description", "files", "languages", "capabilities",
     "dependencies", "default_sampling", "context_size", "hidden", "default", "main_file",
+    "huggingface_repo",
 }
 _FILE_KEYS = {"name", "sha256", "size", "source"}
 _CAPABILITIES = {
@@ -116,6 +117,8 @@ class ModelEntry:
     hidden: bool = False
     default: bool = False
     main_file: str | None = None
+    # the model's upstream repository, reported in ModelInfo (files come from `sources`)
+    huggingface_repo: str = ""
 
     @property
     def size_bytes(self) -> int:
@@ -277,13 +280,16 @@ def _parse_entry(raw: Any, index: int, origin: str) -> ModelEntry:
     main_file = raw.get("main_file")
     if main_file is not None and main_file not in {f.name for f in files}:
         fail("main_file", f"{main_file!r} is not one of the entry's files")
+    upstream = raw.get("huggingface_repo", "")
+    if not isinstance(upstream, str) or (upstream and not _REPO_RE.fullmatch(upstream)):
+        fail("huggingface_repo", f"must be an owner/name string, got {upstream!r}")
 
     return ModelEntry(
         name=name, role=role, engine=engine, description=description, files=files,
         languages=tuple(languages), capabilities=MappingProxyType(capabilities),
         dependencies=tuple(dependencies), default_sampling=MappingProxyType(sampling),
         context_size=context_size, hidden=flags["hidden"], default=flags["default"],
-        main_file=main_file,
+        main_file=main_file, huggingface_repo=upstream,
     )
 
 

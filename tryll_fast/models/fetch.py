@@ -49,12 +49,14 @@ Code = DownloadErrorCode
 
 
 class ModelStatus(IntEnum):
-    """The download states of the wire enum ModelStatus (Loaded belongs to the server)."""
+    """The download states of the wire enum ModelStatus, with its values (Loaded belongs to
+    the server; Local, files the user placed outside the models folder, is never reported:
+    every model lives in the models folder)."""
 
-    NotDownloaded = 0
-    Downloading = 1
-    Downloaded = 2
-    Incomplete = 3
+    Absent = 0
+    Downloading = 2
+    Downloaded = 4
+    Incomplete = 5
 
 
 def resolve_models_dir(models_dir: str | os.PathLike | None = None) -> Path:
@@ -115,7 +117,7 @@ class ModelStore:
         if any((model_dir / f.name).exists() or (model_dir / f"{f.name}.part").exists()
                for f in entry.files):
             return ModelStatus.Incomplete
-        return ModelStatus.NotDownloaded
+        return ModelStatus.Absent
 
     def is_downloaded(self, name: str) -> bool:
         """The entry and everything it depends on are on disk and recorded."""

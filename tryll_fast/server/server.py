@@ -50,8 +50,8 @@ def _warm_llama() -> None:
     init_backend()
 
 
-# EngineKind -> backend initialisation, for the engines this build runs.
-_WARMUPS: dict[int, Callable[[], None]] = {int(codec.EngineKind.LlamaCpp): _warm_llama}
+# InferenceEngine -> backend initialisation, for the engines this build runs.
+_WARMUPS: dict[int, Callable[[], None]] = {int(codec.InferenceEngine.LlamaCpp): _warm_llama}
 
 
 class ThrottleBoard:
@@ -116,7 +116,8 @@ class Server:
         self._agent_ids = itertools.count(1)
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
-            protocol_version=PROTOCOL_VERSION, mode=config.mode))
+            protocol_version=PROTOCOL_VERSION, codegen_fingerprint=codec.SCHEMA_FINGERPRINT,
+            mode=config.mode))
         self.shutting_down = False
         self.reactor: Reactor | None = None
         self._thread: threading.Thread | None = None

@@ -109,6 +109,7 @@ class Session:
         self.conn = conn
         self.id = 0                     # assigned by CreateSession; 0 = not created yet
         self.locale = ""
+        self.game_name = ""             # CreateSessionRequest.game_name, for the logs
         self.engine_hints: tuple[tuple[int, int], ...] = ()
         self.placement_hints: dict[str, int] = {}
         self.throttle: float | None = None
@@ -165,14 +166,16 @@ class Session:
         try:
             reply = route.fn(self, body)
         except RequestError as exc:
-            self.send_error(getattr(body, "request_id", 0), exc.code, exc.message)
+            self.send_error(getattr(body, "request_id", 0), exc.code, exc.message,
+                            getattr(body, "agent_id", 0))
         except ModelError as exc:
             self.send_error(getattr(body, "request_id", 0), int(exc.code), exc.message)
         except Exception as exc:
             log.exception("handler for %s failed", route.name,
                           extra=fields(session=self.id, connection=self.conn.id))
             self.send_error(getattr(body, "request_id", 0), ErrorCode.InternalError,
-                            f"internal error while handling {route.name}: {exc!r}")
+                            f"internal error while handling {route.name}: {exc!r}",
+                            getattr(body, "agent_id", 0))
         else:
             if reply is not None:
                 self.send_reply(reply)
@@ -207,9 +210,10 @@ class Session:
                                    f"internal error: could not encode the reply: {exc}")
         return self.conn.send(frame)
 
-    def send_error(self, request_id: int, code: int, message: str) -> bool:
+    def send_error(self, request_id: int, code: int, message: str, agent_id: int = 0) -> bool:
+        """agent_id: the agent an agent-scoped request addressed (0 for session-level)."""
         frame = codec.encode(codec.ErrorResponse(request_id=request_id, code=int(code),
-                                                 message=_fit(message)))
+                                                 message=_fit(message), agent_id=agent_id))
         return self.conn.send(frame)
 
     def send_frame(self, frame: bytes) -> bool:
@@ -217,9 +221,10 @@ class Session:
 
     # ---- work that outlives the frame ----
 
-    def run_blocking(self, request_id: int, what: str, fn: Callable[[], Any]) -> None:
+    def run_blocking(self, request_id: int, what: str, fn: Callable[[], Any],
+                     agent_id: int = 0) -> None:
         """Run fn() on this session's lane; what it returns is the reply (None = no reply).
-        RequestError / ModelError become ErrorResponse for request_id."""
+        RequestError / ModelError become ErrorResponse for request_id (and agent_id)."""
         op = self.begin_operation("request", what)
 
         def job() -> None:
@@ -228,13 +233,13 @@ class Session:
                     return
                 reply = fn()
             except RequestError as exc:
-                self.send_error(request_id, exc.code, exc.message)
+                self.send_error(request_id, exc.code, exc.message, agent_id)
             except ModelError as exc:
-                self.send_error(request_id, int(exc.code), exc.message)
+                self.send_error(request_id, int(exc.code), exc.message, agent_id)
             except Exception as exc:
                 log.exception("%s failed", what, extra=fields(session=self.id))
                 self.send_error(request_id, ErrorCode.InternalError,
-                                f"internal error while handling {what}: {exc!r}")
+                                f"internal error while handling {what}: {exc!r}", agent_id)
             else:
                 if reply is not None:
                     self.send_reply(reply)

@@ -28,6 +28,7 @@ cdef Py_ssize_t MAX_SAMPLES = 4096
 @cython.final
 cdef class AnswerStream:
     cdef object _conn
+    cdef readonly unsigned long long request_id
     cdef readonly unsigned long long agent_id
     cdef readonly str node_name
     cdef list _pending
@@ -40,8 +41,10 @@ cdef class AnswerStream:
     cdef list _handoff_ns
     cdef list _sent_ns
 
-    def __cinit__(self, conn, unsigned long long agent_id, str node_name):
+    def __cinit__(self, conn, unsigned long long request_id, unsigned long long agent_id,
+                  str node_name):
         self._conn = conn
+        self.request_id = request_id
         self.agent_id = agent_id
         self.node_name = node_name
         self._pending = []
@@ -63,7 +66,8 @@ cdef class AnswerStream:
             text = "".join(self._pending)
             self._pending = []
             self._pending_chars = 0
-        frame = encode_answer_text(self.agent_id, self.node_name, text, True, False)
+        frame = encode_answer_text(self.request_id, self.agent_id, self.node_name, text, True,
+                                   False)
         handle = self.handle
         if handle is None or len(self._sent_ns) >= MAX_SAMPLES:
             self._send(frame, len(text))
@@ -84,11 +88,12 @@ cdef class AnswerStream:
             return
         if self._pending:
             text = "".join(self._pending)
-            self._send(encode_answer_text(self.agent_id, self.node_name, text, True, False),
-                       len(text))
+            self._send(encode_answer_text(self.request_id, self.agent_id, self.node_name, text,
+                                          True, False), len(text))
             self._pending = []
             self._pending_chars = 0
-        self._send(encode_answer_text(self.agent_id, self.node_name, "", True, True), 0)
+        self._send(encode_answer_text(self.request_id, self.agent_id, self.node_name, "", True,
+                                      True), 0)
         self.finished = True
 
     @property

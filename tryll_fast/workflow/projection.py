@@ -27,7 +27,10 @@ from tryll_fast import codec
 from tryll_fast.workflow.dialog import USER_SLOT, Component, Dialog, Interaction
 
 KEEP_FRACTION = 0.75
-Placement = codec.PromptPlacement
+Placement = codec.Placement
+# where a template goes as a message of its own, and in which role
+_BEFORE_USER = {Placement.BeforeUserAsUser: "user", Placement.BeforeUserAsSystem: "system"}
+_AFTER_USER = {Placement.AfterUserAsUser: "user", Placement.AfterUserAsSystem: "system"}
 log = logging.getLogger("tryll_fast.workflow")
 
 
@@ -206,13 +209,19 @@ class Projection:
             head, template_tools = tools.apply(head, tool_mode)
         model = self.engine.model
         user = neutralize(model, input_text)
-        if placement == Placement.UserMessage and template_text:
-            user = f"{template_text}\n\n{user}" if user else template_text
+        if placement == Placement.InPlaceOfUser and template_text:
+            # the template replaces the user message (it can say {{user_message}})
+            user = template_text
         tail = []
-        if placement == Placement.SystemBeforeUser and template_text:
-            tail.append({"role": "system", "content": template_text})
-        tail += current.messages(user_content=user,
-                                 skip_slot=input_slot if input_slot != USER_SLOT else None)
+        if placement in _BEFORE_USER and template_text:
+            tail.append({"role": _BEFORE_USER[placement], "content": template_text})
+        turn = current.messages(user_content=user,
+                                skip_slot=input_slot if input_slot != USER_SLOT else None)
+        if placement in _AFTER_USER and template_text:
+            # right after the user message, before replies earlier nodes gave this turn
+            at = next((i + 1 for i, m in enumerate(turn) if m["role"] == "user"), len(turn))
+            turn.insert(at, {"role": _AFTER_USER[placement], "content": template_text})
+        tail += turn
         history = [i for i in dialog.interactions
                    if i is not current and i.id >= self.window_start and i.outcome != "running"]
 

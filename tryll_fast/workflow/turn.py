@@ -166,7 +166,8 @@ class Turn:
     def _error(self, message: str) -> None:
         if self._diag is not None:
             self._diag["error"] = message
-        self.session.send_error(self.request_id, ErrorCode.InferenceFailed, message)
+        self.session.send_error(self.request_id, ErrorCode.InferenceFailed, message,
+                                self.agent.id)
 
     def _finish(self, status) -> None:
         agent = self.agent
@@ -222,8 +223,8 @@ class Turn:
 
     def send_whole(self, node_name: str, text: str) -> None:
         self.finals += 1
-        self.session.send_frame(codec.encode_answer_text(self.agent.id, node_name, text,
-                                                         False, True))
+        self.session.send_frame(codec.encode_answer_text(self.request_id, self.agent.id,
+                                                         node_name, text, False, True))
 
     def add_reply(self, node, text: str) -> Component:
         return self.interaction.add(Component(kind="assistant", slot=node.name, text=text,
@@ -238,7 +239,7 @@ class Turn:
     async def generate(self, node, spec, *, system_prompt: str, template_text: str,
                        placement: int, input_slot: str, send: int) -> str:
         """Run the node's model on its projection; stream per `send`; return the reply."""
-        stream = (AnswerStream(self.conn, self.agent.id, node.name)
+        stream = (AnswerStream(self.conn, self.request_id, self.agent.id, node.name)
                   if send == Send.Streamed else None)
         handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
                                          template_text=template_text, placement=placement,
@@ -326,8 +327,8 @@ class Turn:
     def send_event(self, node_name: str, event_type: str, pairs: dict[str, str]) -> None:
         """A NodeEvent (tool_call, paused, …): out of band, before the turn completes."""
         self.session.send_reply(codec.NodeEvent(
-            agent_id=self.agent.id, node_name=node_name, event_type=event_type,
-            kv_pairs=[codec.KeyValue(key=k, value=v) for k, v in pairs.items()]))
+            request_id=self.request_id, agent_id=self.agent.id, node_name=node_name, event_type=event_type,
+            kv_pairs=[codec.NodeParam(key=k, value=v) for k, v in pairs.items()]))
 
     # ---- pausing (seed 004) ----
 

@@ -115,7 +115,7 @@ def _enum_value(raw: str, ptype: str, where: str) -> Any:
 
 def normalize_tools(tools: Iterable[Any]) -> tuple[ToolSpec, ...]:
     """ToolSpecs from `codec.ToolDefinition` objects or dicts of the same shape
-    ({name, description, parameters: [{name, param_type|type, description, required,
+    ({name, description, parameters: [{name, type, description, required,
     enum_values|enum}]}). Raises ValueError on empty or duplicate names, unknown types."""
     specs = []
     seen = set()
@@ -138,7 +138,7 @@ def normalize_tools(tools: Iterable[Any]) -> tuple[ToolSpec, ...]:
             if not pname or pname in pnames:
                 raise ValueError(f"{where}: empty or duplicate parameter name")
             pnames.add(pname)
-            ptype = (_get(p, "param_type") or _get(p, "type") or "string").lower()
+            ptype = (_get(p, "type") or "string").lower()
             if ptype not in PARAM_TYPES:
                 raise ValueError(f"{where}: type {ptype!r} is not one of {PARAM_TYPES}")
             required = _get(p, "required")

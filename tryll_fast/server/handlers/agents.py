@@ -140,7 +140,7 @@ def _create(session, req):
 def destroy_agent(session, req):
     agent = agent_of(session, req.agent_id)
     session.server.destroy_agent(session, agent)
-    return codec.Ack(request_id=req.request_id)
+    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 
 
 @handles("SendMessageRequest")
@@ -180,7 +180,7 @@ def resume_agent(session, req):
                                f"{agent.id} (the turn stays paused)")
         results = _check_tool_results(paused, list(req.tool_results))
         turn.resume(req.resume_node, results)
-    return codec.Ack(request_id=req.request_id)
+    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 
 
 def _check_tool_results(paused, results) -> dict[str, str]:
@@ -228,7 +228,7 @@ def cancel(session, req):
         turn = agent.turn if agent.state in (RUNNING, PAUSED) else None
     if turn is not None:
         turn.cancel(int(req.mode))
-    return codec.Ack(request_id=req.request_id)
+    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 
 
 @handles("ChangeAgentParamRequest")
@@ -250,7 +250,7 @@ def change_agent_param(session, req):
                              code=ErrorCode.InvalidParamValue)
         spec = check_change(node, req.params, ctx)
         node.params, node.spec = req.params, spec
-    return codec.Ack(request_id=req.request_id)
+    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 
 
 @handles("UpdateAgentVariablesRequest")
@@ -260,7 +260,7 @@ def update_variables(session, req):
         if agent.state in (RUNNING, KV_OPERATION):
             raise _busy(agent, "variables change only while idle or paused")
         agent.variables.apply(req.updates)
-    return codec.Ack(request_id=req.request_id)
+    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 
 
 @handles("GetAgentVariablesRequest")

@@ -92,7 +92,7 @@ def export_dialog(session, req):
                                "around it, it does not fit in one 1 MiB frame") from None
         return reply
 
-    session.run_blocking(req.request_id, "ExportDialogRequest", run)
+    session.run_blocking(req.request_id, "ExportDialogRequest", run, req.agent_id)
 
 
 @handles("ImportDialogRequest")
@@ -109,7 +109,7 @@ def import_dialog(session, req):
                                           interaction_count=len(parsed.interactions),
                                           warnings=warnings)
 
-    session.run_blocking(req.request_id, "ImportDialogRequest", run)
+    session.run_blocking(req.request_id, "ImportDialogRequest", run, req.agent_id)
 
 
 @handles("SaveDialogRequest")
@@ -127,7 +127,7 @@ def save_dialog(session, req):
                                         save_id=req.save_id, written_at_ms=now_ms(),
                                         interaction_count=len(interactions))
 
-    session.run_blocking(req.request_id, "SaveDialogRequest", run)
+    session.run_blocking(req.request_id, "SaveDialogRequest", run, req.agent_id)
 
 
 @handles("LoadDialogRequest")
@@ -147,7 +147,7 @@ def load_dialog(session, req):
                                         interaction_count=len(parsed.interactions),
                                         warnings=warnings)
 
-    session.run_blocking(req.request_id, "LoadDialogRequest", run)
+    session.run_blocking(req.request_id, "LoadDialogRequest", run, req.agent_id)
 
 
 # ---- KV cache ----

@@ -24,10 +24,10 @@ log = logging.getLogger("tryll_fast.server.models")
 PROGRESS_INTERVAL_S = 0.1
 
 ENGINE_KINDS = {
-    "llama-cpp": codec.EngineKind.LlamaCpp,
-    "sherpa-onnx": codec.EngineKind.SherpaOnnx,
-    "mock": codec.EngineKind.Mock,
-    "faster-whisper": codec.EngineKind.FasterWhisper,
+    "llama-cpp": codec.InferenceEngine.LlamaCpp,
+    "sherpa-onnx": codec.InferenceEngine.SherpaOnnx,
+    "mock": codec.InferenceEngine.Mock,
+    "faster-whisper": codec.InferenceEngine.FasterWhisper,
 }
 
 
@@ -58,8 +58,9 @@ def model_info(server, entry: ModelEntry) -> codec.ModelInfo:
             expressiveness=caps.get("expressiveness", False),
             num_speakers=caps.get("num_speakers", 0))
     return codec.ModelInfo(
-        name=entry.name, role=entry.protocol_role, engine=ENGINE_KINDS[entry.engine],
-        status=status, size_bytes=entry.size_bytes, description=entry.description,
+        name=entry.name, status=status, huggingface_repo=entry.huggingface_repo,
+        model_type=entry.protocol_role, engine=ENGINE_KINDS[entry.engine],
+        size_bytes=entry.size_bytes, description=entry.description,
         context_size=entry.context_size, languages=list(entry.languages),
         dependencies=list(entry.dependencies), tts_capabilities=tts)
 
@@ -95,8 +96,9 @@ class _Progress:
         done, total, current = self.state
         self.sent += 1
         self.session.send_reply(codec.DownloadProgress(
-            request_id=self.request_id, model_name=self.name, bytes_done=done,
-            bytes_total=total, current_file=current))
+            request_id=self.request_id, model_name=self.name, bytes_downloaded=done,
+            total_bytes=total, percent=min(100.0, 100.0 * done / total) if total else 0.0,
+            current_file=current))
 
 
 @handles("DownloadModelRequest")
@@ -109,8 +111,8 @@ def download_model(session, req):
 
     def complete(success: bool, code: int = 0, message: str = "") -> None:
         session.send_reply(codec.DownloadComplete(request_id=rid, model_name=name,
-                                                  success=success, error_code=code,
-                                                  message=message))
+                                                  success=success, error=message,
+                                                  error_code=code))
 
     def run() -> None:
         t0 = time.monotonic()

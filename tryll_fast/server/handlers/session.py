@@ -15,7 +15,7 @@ log = logging.getLogger("tryll_fast.server.session")
 
 MAX_LOCALE_CHARS = 64
 _ROLES = {int(m) for m in codec.ModelRole}
-_ENGINES = {int(m) for m in codec.EngineKind}
+_ENGINES = {int(m) for m in codec.InferenceEngine}
 _PLACEMENTS = {int(m) for m in codec.MemoryPlacement}
 
 
@@ -63,7 +63,7 @@ def create_session(session, req):
             if hint.engine not in _ENGINES:
                 raise RequestError(ErrorCode.InvalidEngineSet,
                                    f"model_config.engines[{i}].engine: {hint.engine} is not an "
-                                   f"EngineKind (0..{max(_ENGINES)})")
+                                   f"InferenceEngine (0..{max(_ENGINES)})")
             hints.append((int(hint.role), int(hint.engine)))
         for i, hint in enumerate(config.placement_hints):
             if hint.placement not in _PLACEMENTS:
@@ -75,10 +75,12 @@ def create_session(session, req):
     session.locale = locale
     session.engine_hints = tuple(hints)
     session.placement_hints = placements
+    session.game_name = req.game_name[:128]
     session_id = session.server.create_session(session)
     session.server.warm_engines({engine for _, engine in hints})
     log.info("session created", extra=fields(session=session_id, connection=session.conn.id,
                                              peer=session.conn.peer, locale=locale,
+                                             game=session.game_name,
                                              engines=len(hints), placement_hints=len(placements)))
     return codec.CreateSessionResponse(request_id=req.request_id, session_id=session_id)
 

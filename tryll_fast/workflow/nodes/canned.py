@@ -2,8 +2,9 @@
 
 Sends one AnswerText (is_delta = false, is_final = true) with the chosen line and appends
 it as the reply. The line comes from the inline `lines` (v29); `selection_strategy`:
-Sequential (in order, wrapping), Random (uniform, repeats allowed), ShuffleNoRepeat (a
-random order without repeats, reshuffled once used up). The choice state lives per agent,
+RoundRobin (in order, wrapping; the default), First (always the first line), Random
+(uniform, repeats allowed), ShuffleNoRepeat (a random order without repeats, reshuffled
+once used up). The choice state lives per agent,
 per node. Neither lines nor a storage: one empty final chunk. String storages (session
 storages and storage-root files) arrive with the knowledge feature: `string_storage`
 without inline lines is 2007 until then.
@@ -16,7 +17,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, RequestError
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 
-Strategy = codec.SelectionStrategy
+Strategy = codec.CannedResponseSelectionStrategy
 
 
 class CannedResponseNode(NodeType):
@@ -27,7 +28,7 @@ class CannedResponseNode(NodeType):
     def compile(self, name: str, p, ctx: CompileContext):
         if p.selection_strategy not in {int(m) for m in Strategy}:
             raise ctx.fail(f"node {name!r}", f"selection_strategy {int(p.selection_strategy)} "
-                                             "is not a SelectionStrategy (0..2)")
+                                             "is not a CannedResponseSelectionStrategy (0..3)")
         lines = tuple(line.text for line in p.lines)
         if not lines and p.string_storage:
             raise RequestError(ErrorCode.FeatureNotAvailable,
@@ -58,6 +59,8 @@ def pick(lines: tuple[str, ...], strategy: int, state: dict) -> str:
             state["bag"] = bag
             state["lines"] = lines
         return lines[bag.pop()]
+    if strategy == Strategy.First:
+        return lines[0]
     i = state.get("next", 0) % len(lines)
     state["next"] = i + 1
     return lines[i]

@@ -2,7 +2,8 @@
 
 - model_name empty = the agent's default; context_size 0 = the model's window;
 - system_prompt pinned first; `template` (Mustache) rendered each run and placed by
-  `placement` (into the user turn, a system message before it, or the system prompt's end);
+  `placement` (in place of the user message, a user or system message before or after it,
+  or the system prompt's end: docs/workflow.md);
 - `input` names the slot projected as the user turn (empty = the player's message, else a
   node that ran earlier in this turn);
 - send Streamed: AnswerText deltas as tokens arrive, then the empty terminator; Whole: one
@@ -21,7 +22,7 @@ from tryll_fast.workflow.nodes.llm import compile_llm
 from tryll_fast.workflow.templates import TemplateError, compile_template
 
 _SEND = {int(m) for m in codec.SendMode}
-_PLACEMENT = {int(m) for m in codec.PromptPlacement}
+_PLACEMENT = {int(m) for m in codec.Placement}
 
 
 def check_slot(name: str, slot: str, ctx: CompileContext) -> str:
@@ -63,7 +64,7 @@ class GenerateNode(NodeType):
             raise ctx.fail(f"node {name!r}", f"send {int(p.send)} is not a SendMode (0..2)")
         if p.placement not in _PLACEMENT:
             raise ctx.fail(f"node {name!r}",
-                           f"placement {int(p.placement)} is not a PromptPlacement (0..2)")
+                           f"placement {int(p.placement)} is not a Placement (0..5)")
         spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx)
         spec.extra["template"] = compile_template_field(name, "template", p.template, ctx)
         spec.extra["input"] = check_slot(name, p.input, ctx)
@@ -76,7 +77,7 @@ class GenerateNode(NodeType):
         p = node.params
         template = node.spec.extra["template"]
         rendered = ""
-        if template and p.placement == codec.PromptPlacement.SystemPromptEnd:
+        if template and p.placement == codec.Placement.SystemPromptEnd:
             # Only this placement puts the template before the turn's input; it renders
             # with the variables as they are now (a later change re-syncs the prompt).
             rendered = template.render(templates.context(

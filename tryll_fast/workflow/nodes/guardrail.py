@@ -27,17 +27,17 @@ class GuardrailNode(NodeType):
             raise RequestError(ErrorCode.FeatureNotAvailable,
                                f"node {name!r}: string_storage {p.string_storage!r} needs "
                                "string storages (the knowledge feature), not in this server "
-                               "build yet; use inline patterns")
-        if len(p.patterns) > MAX_PATTERNS:
-            raise ctx.fail(f"node {name!r}", f"{len(p.patterns)} patterns; at most "
-                                             f"{MAX_PATTERNS}")
+                               "build yet; use inline_strings")
+        if len(p.inline_strings) > MAX_PATTERNS:
+            raise ctx.fail(f"node {name!r}", f"{len(p.inline_strings)} inline_strings "
+                                             f"(patterns); at most {MAX_PATTERNS}")
         compiled = []
-        for i, pattern in enumerate(p.patterns):
+        for i, pattern in enumerate(p.inline_strings):
             try:
                 compiled.append(regex.compile(pattern, regex.IGNORECASE | regex.V0))
             except regex.error as exc:
                 raise ctx.fail(f"node {name!r}",
-                               f"patterns[{i}] {pattern!r} is not a valid regex: {exc}") from None
+                               f"inline_strings[{i}] {pattern!r} is not a valid regex: {exc}") from None
         return tuple(compiled)
 
     async def run(self, turn, node: Node) -> str:
@@ -47,7 +47,7 @@ class GuardrailNode(NodeType):
             try:
                 match = pattern.search(text, timeout=timeout)
             except TimeoutError:
-                turn.fail(f"node {node.name!r}: patterns[{i}] took longer than "
+                turn.fail(f"node {node.name!r}: inline_strings[{i}] took longer than "
                           f"{timeout * 1000:g} ms on the message")
             if match:
                 turn.note(node, pattern=i, matched=match.group(0))

@@ -17,7 +17,7 @@ class InstructionNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         return (p.instruction_name or name,
-                compile_template_field(name, "text", p.text, ctx))
+                compile_template_field(name, "instruction", p.instruction, ctx))
 
     async def run(self, turn, node: Node) -> str:
         instruction_name, template = node.spec

@@ -1,7 +1,7 @@
 """What every language-model node shares: its model, its context size, its sampling.
 
 Sampling = the catalog entry's `default_sampling`, then the node's SamplingOverrides where
-they are set (a negative number means unset; SPEC "Sentinels"). Stop strings: the node's
+they are set (an absent field, None, means unset). Stop strings: the node's
 list replaces the model's; empty = the chat template's end-of-turn markers plus the
 catalog's `stop`. max_tokens must be > 0 and < the node's context size.
 """
@@ -14,8 +14,7 @@ from typing import Any
 from tryll_fast.workflow.graph import CompileContext
 
 DEFAULT_MAX_TOKENS = 256
-# SamplingOverrides field -> its highest value (None = unbounded). Every field is unset
-# when negative, so a set value is >= 0 by construction.
+# SamplingOverrides field -> its highest value (None = unbounded); none may be negative.
 _HIGHEST = {
     "temperature": None,
     "top_k": None,
@@ -24,9 +23,10 @@ _HIGHEST = {
     "repeat_penalty": None,
     "presence_penalty": 2.0,
     "frequency_penalty": 2.0,
-    "seed": 4294967295,
+    "seed": None,
 }
-_UNSET_SEED = 4294967295     # SamplingOverrides.seed: a random seed per request
+_RANDOM_SEED = 0             # SamplingOverrides.seed 0: a random seed per request
+_UNSET_SEED = 4294967295     # the catalog's default_sampling.seed for the same
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,14 @@ def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
     if overrides is not None:
         for name, high in _HIGHEST.items():
             value = getattr(overrides, name)
-            if value < 0:
+            if value is None:
                 continue          # unset: keep the model's default
             if isinstance(value, float) and not math.isfinite(value):
                 raise ctx.fail(where, f"sampling.{name} is not a finite number")
+            if value < 0:
+                raise ctx.fail(where, f"sampling.{name} = {value:g} is negative")
+            if name == "seed" and value == _RANDOM_SEED:
+                value = _UNSET_SEED
             if high is not None and value > high:
                 raise ctx.fail(where, f"sampling.{name} = {value:g} is above {high:g}")
             if name == "top_p" and value == 0:
@@ -88,8 +92,8 @@ def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
             if name == "repeat_penalty" and value == 0:
                 raise ctx.fail(where, "sampling.repeat_penalty must be > 0 (1 = off)")
             out[name] = value
-        if overrides.max_tokens >= 0:
-            if overrides.max_tokens == 0:
+        if overrides.max_tokens is not None:
+            if overrides.max_tokens <= 0:
                 raise ctx.fail(where, "sampling.max_tokens must be > 0")
             out["max_tokens"] = overrides.max_tokens
     if out["max_tokens"] >= n_ctx:
