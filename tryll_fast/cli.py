@@ -10,11 +10,10 @@ import os
 import signal
 import sys
 import threading
-import time
-from typing import Sequence, TextIO
+from typing import Mapping, Sequence, TextIO
 
 from tryll_fast.models import (
-    CatalogError, ModelDownloadError, ModelStore, load_catalog,
+    CatalogError, DownloadError, ModelStore, load_catalog,
 )
 
 EXIT_OK = 0
@@ -254,10 +253,17 @@ def _models_fetch(args) -> int:
         return EXIT_USAGE
     status = EXIT_OK
     for name in names:
-        bar = None if args.quiet else ProgressBar(sys.stderr, name)
+        if name in store.catalog and store.is_downloaded(name):
+            print(f"{name}: already present ({store.path(name)})")
+            continue
+        bar = None
+        if not args.quiet and name in store.catalog:
+            sizes = {f"{e.name}/{f.name}": f.size
+                     for e in store.catalog.with_dependencies([name]) for f in e.files}
+            bar = ProgressBar(sys.stderr, name, sizes)
         try:
             path = store.fetch(name, progress=bar)
-        except ModelDownloadError as exc:
+        except DownloadError as exc:
             if bar is not None:
                 bar.close()
             print(f"tryll-fast: {exc}", file=sys.stderr)
@@ -275,7 +281,7 @@ def _models_delete(args) -> int:
     for name in args.names:
         try:
             removed = store.delete(name)
-        except ModelDownloadError as exc:
+        except DownloadError as exc:
             print(f"tryll-fast: {exc}", file=sys.stderr)
             status = EXIT_FAILED
             continue
@@ -286,50 +292,54 @@ def _models_delete(args) -> int:
 # ----- progress -----
 
 class ProgressBar:
-    """A one-line bar on a terminal, or a line per 10 % when output is a file or pipe.
+    """Fetch progress: on a terminal, one tqdm bar per file (size, speed, time left); to a
+    file or pipe, a line per 10 % of the request (logs stay readable).
 
-    Used as the fetch progress callback: (bytes_done, bytes_total, current_file).
+    Used as the fetch progress callback: (bytes_done, bytes_total, current_file), both
+    counts over the whole request; `sizes` ("entry/file" -> bytes) turns them into each
+    file's own progress (files are fetched one after the other).
     """
 
-    WIDTH = 28
-    MIN_INTERVAL_S = 0.1  # redraw at most ten times a second
-
-    def __init__(self, stream: TextIO, title: str) -> None:
+    def __init__(self, stream: TextIO, title: str, sizes: Mapping[str, int] | None = None
+                 ) -> None:
         self.stream = stream
         self.title = title
+        self.sizes = dict(sizes or {})
         self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.started = time.monotonic()
-        self.last_draw = 0.0
+        self.label = ""
+        self.base = 0               # bytes of the request before the current file
+        self.bar = None
         self.last_decile = -1
-        self.drawn = False
 
     def __call__(self, done: int, total: int, current_file: str) -> None:
-        now = time.monotonic()
+        if current_file != self.label:
+            if self.label:
+                self.base += self.sizes.get(self.label, 0)
+            self._close_bar()
+            self.label = current_file
+            if self.tty:
+                from tqdm import tqdm
+                self.bar = tqdm(total=self.sizes.get(current_file) or None, desc=current_file,
+                                unit="B", unit_scale=True, unit_divisor=1000,
+                                file=self.stream, mininterval=0.1, dynamic_ncols=True)
+        if self.bar is not None:
+            self.bar.update(done - self.base - self.bar.n)
+            return
         fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
-        if self.tty:
-            if now - self.last_draw < self.MIN_INTERVAL_S and done < total:
-                return
-            self.last_draw = now
-            filled = int(fraction * self.WIDTH)
-            rate = done / max(now - self.started, 1e-6)
-            line = (f"\r{self.title} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
-                    f"{fraction * 100:5.1f}% {format_bytes(done)}/{format_bytes(total)} "
-                    f"{format_bytes(rate)}/s {current_file}")
-            self.stream.write(line[:160] + "\x1b[K")
-            self.drawn = True
-        else:
-            decile = int(fraction * 10)
-            if decile == self.last_decile:
-                return
+        decile = int(fraction * 10)
+        if decile != self.last_decile:
             self.last_decile = decile
             self.stream.write(f"{self.title}: {decile * 10}% of {format_bytes(total)} "
                               f"({current_file})\n")
-        self.stream.flush()
+            self.stream.flush()
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def close(self) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+        self._close_bar()
 
 
 def format_bytes(n: float) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tryll_fast.engines.llama.chat import (
+from tryll_fast.prompting.chat import (
     ChatFormatter, ChatTemplateError, read_gguf_metadata,
 )
 
@@ -80,9 +80,9 @@ def test_smollm2_default_system_prompt_is_charged_to_first_message(smollm2):
 
 
 @pytest.mark.model
-def test_from_llama_model_reads_the_same_template(smollm2, smol_tok):
+def test_a_loaded_model_gives_the_same_template(smollm2, smollm2_model):
     a = ChatFormatter.from_gguf(smollm2)
-    b = ChatFormatter.from_llama_model(smol_tok.llm._model.model)
+    b = ChatFormatter.from_metadata(smollm2_model.chat_metadata())
     assert a.template_source == b.template_source
     assert b.render(CONVERSATION) == CHATML_EXPECTED
 

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.engines.llama.chat import ChatFormatter
-from tryll_fast.engines.llama.tools import (
+from tryll_fast.prompting.chat import ChatFormatter
+from tryll_fast.prompting.tools import (
     GENERIC, HERMES, JSON_BARE, MISTRAL, CallIds, ToolSet, mode_name, tool_signature_lines,
 )
 

@@ -58,6 +58,10 @@ def test_fetch_defaults_then_list_and_delete(tmp_path, capsys, local_catalog):
     assert "local-vad: " in captured.out and "vad.onnx" in captured.out
     assert "local-vad: 100% of 80.0 KB" in captured.err        # stderr is not a tty here
     assert (tmp_path / "models" / "local-vad" / "vad.onnx").read_bytes() == DATA
+    # a second fetch says the model is there already, and fetches nothing
+    assert main(["models", "fetch", "--models-dir", models, "--catalog", local_catalog]) == 0
+    captured = capsys.readouterr()
+    assert "local-vad: already present (" in captured.out and captured.err == ""
 
     assert main(["models", "list", "--models-dir", models, "--catalog", local_catalog]) == 0
     out = capsys.readouterr().out
@@ -99,16 +103,29 @@ class FakeTty(io.StringIO):
         return True
 
 
-def test_progress_bar_on_a_terminal():
+def test_progress_bar_on_a_terminal_is_one_bar_per_file():
     stream = FakeTty()
-    bar = ProgressBar(stream, "m")
-    bar(0, 2_000_000, "m/a.bin")
-    bar(1_000_000, 2_000_000, "m/a.bin")      # throttled: within 0.1 s of the last draw
-    bar(2_000_000, 2_000_000, "m/a.bin")      # the final state is always drawn
+    bar = ProgressBar(stream, "m", {"m/a.bin": 2_000_000, "m/b.json": 3_000})
+    for done in (0, 1_000_000, 2_000_000):               # request totals, file a
+        bar(done, 2_003_000, "m/a.bin")
+    bar(2_003_000, 2_003_000, "m/b.json")                # file b, whole at once
     bar.close()
-    text = stream.getvalue()
-    assert text.count("\r") == 2 and text.endswith("\n")
-    assert "[############################] 100.0% 2.0 MB/2.0 MB" in text
+    lines = [seg for seg in stream.getvalue().replace("\r", "\n").split("\n") if seg]
+    a = [line for line in lines if line.startswith("m/a.bin")]
+    b = [line for line in lines if line.startswith("m/b.json")]
+    assert "100%" in a[-1] and "2.00M/2.00M" in a[-1]    # size, per file
+    assert "100%" in b[-1] and "3.00k/3.00k" in b[-1]
+    assert "B/s" in a[-1] and "<" in a[-1]                # speed and time left
+
+
+def test_progress_to_a_pipe_is_a_line_per_tenth():
+    stream = io.StringIO()
+    bar = ProgressBar(stream, "m", {"m/a.bin": 1000})
+    for done in range(0, 1001, 50):
+        bar(done, 1000, "m/a.bin")
+    bar.close()
+    assert stream.getvalue().splitlines()[-1] == "m: 100% of 1.0 KB (m/a.bin)"
+    assert len(stream.getvalue().splitlines()) == 11
 
 
 def test_format_bytes():

@@ -9,17 +9,15 @@ import threading
 import pytest
 from model_helpers import ServedFile, entry, file_item, make_catalog, sha256
 
-from tryll_fast.models import (
-    DownloadErrorCode, ModelDownloadError, ModelStatus, ModelStore, ensure_model,
-    resolve_models_dir,
-)
+from tryll_fast.errors import DownloadError, ErrorCode
+from tryll_fast.models import ModelStatus, ModelStore, ensure_model, resolve_models_dir
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
 
-Code = DownloadErrorCode
+Code = ErrorCode
 # A little over three read chunks, so progress, resume and cut-offs land mid-file.
 DATA = bytes(range(256)) * (13 * 1024 + 7)
 
@@ -30,8 +28,8 @@ def http_store(tmp_path, server, data=DATA, path="/m.bin", name="vad", **served)
     return ModelStore(tmp_path / "models", catalog)
 
 
-def error_of(call) -> ModelDownloadError:
-    with pytest.raises(ModelDownloadError) as info:
+def error_of(call) -> DownloadError:
+    with pytest.raises(DownloadError) as info:
         call()
     return info.value
 
@@ -265,7 +263,7 @@ def test_lock_file_held_elsewhere_is_6004(tmp_path, http_server):
     store.fetch("vad")
 
 
-def test_cancel_is_6006_and_keeps_the_part(tmp_path, http_server):
+def test_cancel_is_6005_and_keeps_the_part(tmp_path, http_server):
     store = http_store(tmp_path, http_server)
     cancel = threading.Event()
     err = error_of(lambda: store.fetch("vad", lambda *a: cancel.set(), cancel))
@@ -352,7 +350,7 @@ def test_ensure_model_fetches_once_and_wraps_failures(tmp_path, http_server):
     http_server.requests.clear()
     assert ensure_model("vad", store.root, catalog=store.catalog) == path
     assert http_server.requests == []
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         ensure_model("ghost", store.root, catalog=store.catalog)
     assert info.value.code == Code.ModelAutoDownloadFailed
     assert info.value.__cause__.code == Code.DownloadNotAvailable
@@ -390,6 +388,6 @@ def test_models_dir_resolution(tmp_path, monkeypatch):
 
 
 def test_error_carries_code_and_names(tmp_path):
-    err = ModelDownloadError(Code.DownloadFailed, "m/f: broke", model="m", file="f")
+    err = DownloadError(Code.DownloadFailed, "m/f: broke", model="m", file="f")
     assert err.code == 6001 and err.model == "m" and err.file == "f"
     assert str(err) == "m/f: broke (6001 DownloadFailed)" and err.message == "m/f: broke"

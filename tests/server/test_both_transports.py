@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.server.errors import ErrorCode
+from tryll_fast.errors import ErrorCode
 
 from wire import Wire, start_server, wait_for
 

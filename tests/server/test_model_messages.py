@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.server.errors import ErrorCode
+from tryll_fast.errors import ErrorCode
 
 from wire import MODELS_DIR, Wire, start_server, wait_for
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.server.errors import ErrorCode
+from tryll_fast.errors import ErrorCode
 
 from wire import Wire, start_server, wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from tryll_fast import PROTOCOL_VERSION, codec
 from tryll_fast.server.dispatch import CLIENT_MESSAGES, SERVER_MESSAGES, build_table
 from tryll_fast.server.handlers.pending import FEATURES
-from tryll_fast.server.errors import ErrorCode
+from tryll_fast.errors import ErrorCode
 
 from wire import Wire, start_server, wait_for
 

@@ -3,7 +3,6 @@ tokenization, turn after turn, for both tokenizer families (SmolLM2 BPE, Gemma S
 import pytest
 
 from tryll_fast.engines.llama import LlamaEngine
-from tryll_fast.engines.llama.chat import ChatFormatter
 from tryll_fast.workflow.projection import PromptTokenizer, common_prefix_len
 
 pytestmark = pytest.mark.model
@@ -25,7 +24,7 @@ def test_common_prefix_len():
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "Gemma-3-270M"])
 def test_incremental_equals_whole(model_file, name):
     with LlamaEngine(model_file(name), n_ctx=512, n_slots=1, n_batch=64) as engine:
-        f = ChatFormatter.from_llama_model(engine.model)
+        f = engine.chat_formatter()
         tok = PromptTokenizer(engine, f.add_bos)
         msgs = [{"role": "system", "content": "You are Brenna, the baker of Oakvale."}]
         reused = 0

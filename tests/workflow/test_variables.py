@@ -4,7 +4,7 @@ import math
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.variables import MAX_SET_ELEMENTS, Variables
 
 Op = codec.VariableOp
@@ -30,7 +30,7 @@ def store():
 
 
 def code_of(fn):
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(TryllError) as info:
         fn()
     return info.value.code, info.value.message
 

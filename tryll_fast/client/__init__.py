@@ -11,9 +11,10 @@ export / import, save / load, KV-cache prefill / evict / status), destroy. It sh
 codec with the server and nothing else.
 """
 from tryll_fast.client.agents import (
-    AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, DialogImport, GraphDescription,
-    KvCacheStatus, RemoveFromSet, Reset, SavedDialog, ToolResult, TurnResult, TurnStream,
+    AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, GraphDescription, RemoveFromSet,
+    Reset, ToolResult, TurnResult, TurnStream,
 )
+from tryll_fast.client.dialog import DialogImport, KvCacheStatus, SavedDialog
 from tryll_fast.client.aio import AsyncTryllClient
 from tryll_fast.client.errors import ReaderThreadError, TryllError
 from tryll_fast.client.sync import TryllClient

@@ -8,7 +8,7 @@
     for chunk in agent.send("Hello!"):      # AnswerText frames as they arrive
         print(chunk.text, end="", flush=True)
 
-Turns of one agent are serialised here, as seed 000 asks: `send` waits until the agent's
+Turns of one agent are serialised here, as the protocol asks: `send` waits until the agent's
 previous turn has completed (TurnComplete) before it sends. A turn's stream yields its
 AnswerText chunks; `result()` waits for TurnComplete and returns a TurnResult. A turn that
 fails while running (ErrorResponse 4001, then TurnComplete(Error)) does not raise: the
@@ -17,13 +17,13 @@ errors are in the result. A request refused outright (3004, 3001, …) raises Tr
 from __future__ import annotations
 
 import asyncio
-import functools
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tryll_fast import codec
+from tryll_fast.client._methods import AgentDialogMethods, AsyncAgentDialogMethods
 from tryll_fast.client.core import Call
 from tryll_fast.client.errors import TryllError
 from tryll_fast.errors import ErrorCode
@@ -251,118 +251,6 @@ class AgentCalls:
             is_final=_turn_final)
 
 
-@dataclass
-class DialogImport:
-    """What ImportDialog / LoadDialog restored."""
-    interaction_count: int
-    warnings: list[str]
-
-
-@dataclass
-class SavedDialog:
-    save_id: str
-    written_at_ms: int
-    interaction_count: int
-
-
-@dataclass
-class KvCacheStatus:
-    """The aggregate of a KV-cache request (seed 000 "Agent KV-cache lifecycle")."""
-    applicable: bool              # the agent has language-model nodes at all
-    resident: bool                # residency == Resident
-    prefix_current: bool          # prefix_status == Current
-    eligible_node_count: int
-    debug_info: str               # per-node JSON with enable_diagnostics, else ""
-    contexts_created: int = 0     # prefill only
-    tokens_decoded: int = 0       # prefill only
-    tokens_reused: int = 0        # prefill only
-    contexts_evicted: int = 0     # evict only
-
-
-def _kv_status(r) -> KvCacheStatus:
-    return KvCacheStatus(
-        applicable=r.applicable, resident=r.residency == codec.KvResidency.Resident,
-        prefix_current=r.prefix_status == codec.KvPrefixStatus.Current,
-        eligible_node_count=r.eligible_node_count, debug_info=r.debug_info,
-        contexts_created=getattr(r, "contexts_created", 0),
-        tokens_decoded=getattr(r, "tokens_decoded", 0),
-        tokens_reused=getattr(r, "tokens_reused", 0),
-        contexts_evicted=getattr(r, "contexts_evicted", 0))
-
-
-def _compatibility(allow_graph_mismatch: bool) -> int:
-    return (codec.DialogCompatibility.AllowGraphMismatch if allow_graph_mismatch
-            else codec.DialogCompatibility.Strict)
-
-
-class DialogCalls:
-    """The idle-only dialog and KV-cache requests (SPEC §7), written once: Agent gets a
-    blocking method and `<name>_async` (a concurrent.futures.Future) for each, AsyncAgent a
-    coroutine and `<name>_async` (an asyncio.Future). All raise TryllError 3004 while the
-    agent's turn runs or is paused."""
-
-    def append_interactions(self, interactions) -> Call:
-        """Scripted history without running the graph: (user_message, assistant_message)
-        pairs (an empty side is omitted, a both-empty pair skipped). Returns how many
-        interactions were appended."""
-        pairs = [p if isinstance(p, codec.DialogInteraction) else
-                 codec.DialogInteraction(user_message=p[0], assistant_message=p[1])
-                 for p in interactions]
-        return Call("AppendInteractionsRequest", lambda rid: codec.AppendInteractionsRequest(
-            request_id=rid, agent_id=self.id, interactions=pairs), lambda r: r.appended_count)
-
-    def remove_interactions_from_end(self, count: int) -> Call:
-        """Remove the last `count` interactions (saturating); returns how many went."""
-        return Call("RemoveInteractionsFromEndRequest",
-                    lambda rid: codec.RemoveInteractionsFromEndRequest(
-                        request_id=rid, agent_id=self.id, count=count),
-                    lambda r: r.removed_count)
-
-    def export_dialog(self) -> Call:
-        """The dialog as TDLG bytes (store them as they are; 3021 over 1 MiB)."""
-        return Call("ExportDialogRequest", lambda rid: codec.ExportDialogRequest(
-            request_id=rid, agent_id=self.id), lambda r: bytes(r.snapshot))
-
-    def import_dialog(self, snapshot: bytes, allow_graph_mismatch: bool = False) -> Call:
-        """Replace the dialog with an exported one (all or nothing); DialogImport."""
-        return Call("ImportDialogRequest", lambda rid: codec.ImportDialogRequest(
-            request_id=rid, agent_id=self.id, snapshot=snapshot,
-            compatibility=_compatibility(allow_graph_mismatch)),
-            lambda r: DialogImport(r.interaction_count, list(r.warnings)))
-
-    def save_dialog(self, save_id: str) -> Call:
-        """Write the dialog to <storage root>/dialogs/<save_id>.tdlg, atomically."""
-        return Call("SaveDialogRequest", lambda rid: codec.SaveDialogRequest(
-            request_id=rid, agent_id=self.id, save_id=save_id),
-            lambda r: SavedDialog(r.save_id, r.written_at_ms, r.interaction_count))
-
-    def load_dialog(self, save_id: str, allow_graph_mismatch: bool = False) -> Call:
-        """Replace the dialog with a saved one; DialogImport."""
-        return Call("LoadDialogRequest", lambda rid: codec.LoadDialogRequest(
-            request_id=rid, agent_id=self.id, save_id=save_id,
-            compatibility=_compatibility(allow_graph_mismatch)),
-            lambda r: DialogImport(r.interaction_count, list(r.warnings)))
-
-    def prefill_kv_cache(self) -> Call:
-        """Decode every language-model node's reusable prefix now; KvCacheStatus."""
-        return Call("PrefillAgentKvCacheRequest", lambda rid: codec.PrefillAgentKvCacheRequest(
-            request_id=rid, agent_id=self.id), _kv_status)
-
-    def evict_kv_cache(self) -> Call:
-        """Free the agent's KV cells (restored by its next turn); KvCacheStatus."""
-        return Call("EvictAgentKvCacheRequest", lambda rid: codec.EvictAgentKvCacheRequest(
-            request_id=rid, agent_id=self.id), _kv_status)
-
-    def get_kv_cache_status(self) -> Call:
-        return Call("GetAgentKvCacheStatusRequest",
-                    lambda rid: codec.GetAgentKvCacheStatusRequest(request_id=rid,
-                                                                   agent_id=self.id),
-                    _kv_status)
-
-
-DIALOG_CALLS = tuple(n for n in vars(DialogCalls) if not n.startswith("_"))
-
-
 def create_agent_call(graph: GraphDescription, *, variables: Mapping[str, Any] | None,
                       enable_diagnostics: bool, maintain_dialogue_history: bool, workload: int,
                       kv_cache_initialization: int, voice) -> Call:
@@ -415,7 +303,7 @@ class TurnStream:
                                                 f"TurnComplete within {limit} s") from None
 
 
-class Agent(AgentCalls):
+class Agent(AgentDialogMethods, AgentCalls):
     """An agent of a TryllClient. Methods block for their Ack; send() returns a stream."""
 
     def __init__(self, client, agent_id: int) -> None:
@@ -520,7 +408,7 @@ class AsyncTurnStream:
                                                 f"TurnComplete within {limit} s") from None
 
 
-class AsyncAgent(AgentCalls):
+class AsyncAgent(AsyncAgentDialogMethods, AgentCalls):
     def __init__(self, client, agent_id: int) -> None:
         super().__init__(client, agent_id)
         self._turn_slot = asyncio.Lock()
@@ -559,28 +447,3 @@ class AsyncAgent(AgentCalls):
     async def destroy(self, timeout=None) -> None:
         await self.client.wait(self._destroy(), timeout)
         self.client._agent_frames.pop(self.id, None)
-
-
-
-def _install_dialog_calls() -> None:
-    for name in DIALOG_CALLS:
-        build = getattr(DialogCalls, name)
-
-        def blocking(self, *args, timeout=None, _build=build, **kwargs):
-            return self.client.wait(_build(self, *args, **kwargs), timeout)
-
-        async def coroutine(self, *args, timeout=None, _build=build, **kwargs):
-            return await self.client.wait(_build(self, *args, **kwargs), timeout)
-
-        def started(self, *args, _build=build, **kwargs):
-            return self.client.start(_build(self, *args, **kwargs))
-
-        for cls, fn in ((Agent, blocking), (AsyncAgent, coroutine)):
-            method = functools.wraps(build)(fn)
-            setattr(cls, name, method)
-            fut = functools.wraps(build)(started)
-            fut.__name__ = fut.__qualname__ = f"{name}_async"
-            setattr(cls, f"{name}_async", fut)
-
-
-_install_dialog_calls()

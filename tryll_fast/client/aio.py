@@ -11,18 +11,18 @@ without awaiting it. Callbacks run on the event loop. Use it from one event loop
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Any, Mapping
 
 from tryll_fast import codec
 from tryll_fast.client.agents import AsyncAgent, GraphDescription, create_agent_call
-from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
+from tryll_fast.client._methods import AsyncMethods
+from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import TryllError
 from tryll_fast.client.sync import DEFAULT_TIMEOUT_S, RECV_BYTES
 from tryll_fast.errors import ErrorCode
 
 
-class AsyncTryllClient(ClientCore):
+class AsyncTryllClient(AsyncMethods, ClientCore):
     def __init__(self, host: str = "127.0.0.1", port: int = 9100, *,
                  timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         super().__init__()
@@ -162,24 +162,3 @@ class AsyncTryllClient(ClientCore):
     def _fail(self, future, exc: BaseException) -> None:
         if not future.done():
             future.set_exception(exc)
-
-
-def _coroutine(name: str):
-    build = getattr(Calls, name)
-
-    @functools.wraps(build)
-    async def method(self, *args, timeout: float | None = None, **kwargs):
-        return await self.wait(build(self, *args, **kwargs), timeout)
-
-    @functools.wraps(build)
-    def method_async(self, *args, **kwargs) -> asyncio.Future:
-        return self.start(build(self, *args, **kwargs))
-
-    method_async.__name__ = f"{name}_async"
-    return method, method_async
-
-
-for _name in CALL_NAMES:
-    _co, _fut = _coroutine(_name)
-    setattr(AsyncTryllClient, _name, _co)
-    setattr(AsyncTryllClient, f"{_name}_async", _fut)

@@ -247,8 +247,9 @@ def _none(reply) -> None:
 
 
 class Calls:
-    """The request methods, written once: TryllClient wraps each so it blocks for the
-    result, AsyncTryllClient so it is awaited. Names and arguments are the same on both."""
+    """The request methods, described once: tools/gen_client.py writes each out for
+    TryllClient (blocking) and AsyncTryllClient (awaited) in _methods.py, with the same
+    names and arguments on both."""
 
     def create_session(self, locale: str = "", engines: Iterable[tuple[int, int]] = (),
                        placement_hints: Mapping[str, int] | None = None) -> Call:
@@ -310,5 +311,3 @@ class Calls:
                                                           args=[str(a) for a in args]),
                     lambda reply: reply.output)
 
-
-CALL_NAMES = tuple(name for name in vars(Calls) if not name.startswith("_"))

@@ -1,27 +1,10 @@
-"""TryllError: what every client call raises for a protocol error."""
+"""What client calls raise: the protocol's errors (tryll_fast.errors), one class per code,
+so a game writes `except AgentBusy` (or checks `err.code`), and ReaderThreadError."""
 from __future__ import annotations
 
-from tryll_fast.errors import ErrorCode
+from tryll_fast.errors import TryllError
 
-
-class TryllError(Exception):
-    """A failed request or connection: `.code` (an ErrorCode when known) and `.message`.
-
-    Server errors carry the ErrorResponse code; 1001 ConnectionFailed, 1002
-    ConnectionDropped, 1003 Timeout and 5004 ProtocolVersionMismatch are raised by the
-    client itself."""
-
-    def __init__(self, code: int, message: str) -> None:
-        try:
-            self.code: int = ErrorCode(code)
-        except ValueError:
-            self.code = int(code)
-        self.message = message
-        super().__init__(message)
-
-    def __str__(self) -> str:
-        name = self.code.name if isinstance(self.code, ErrorCode) else "unknown code"
-        return f"{self.message} ({int(self.code)} {name})"
+__all__ = ["ReaderThreadError", "TryllError"]
 
 
 class ReaderThreadError(RuntimeError):

@@ -13,14 +13,14 @@ raises ReaderThreadError instead of deadlocking; use the `_async` variant.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import socket
 import threading
 from typing import Any, Mapping
 
 from tryll_fast import codec
 from tryll_fast.client.agents import Agent, GraphDescription, create_agent_call
-from tryll_fast.client.core import CALL_NAMES, Call, Calls, ClientCore, check_ready
+from tryll_fast.client._methods import SyncMethods
+from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import ReaderThreadError, TryllError
 from tryll_fast.errors import ErrorCode
 
@@ -28,7 +28,7 @@ DEFAULT_TIMEOUT_S = 30.0
 RECV_BYTES = 256 * 1024
 
 
-class TryllClient(ClientCore):
+class TryllClient(SyncMethods, ClientCore):
     def __init__(self, host: str = "127.0.0.1", port: int = 9100, *,
                  timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         super().__init__()
@@ -189,24 +189,3 @@ class TryllClient(ClientCore):
 
     def _fail(self, future, exc: BaseException) -> None:
         future.set_exception(exc)
-
-
-def _blocking(name: str):
-    build = getattr(Calls, name)
-
-    @functools.wraps(build)
-    def method(self, *args, timeout: float | None = None, **kwargs):
-        return self.wait(build(self, *args, **kwargs), timeout)
-
-    @functools.wraps(build)
-    def method_async(self, *args, **kwargs) -> concurrent.futures.Future:
-        return self.start(build(self, *args, **kwargs))
-
-    method_async.__name__ = f"{name}_async"
-    return method, method_async
-
-
-for _name in CALL_NAMES:
-    _sync, _async = _blocking(_name)
-    setattr(TryllClient, _name, _sync)
-    setattr(TryllClient, f"{_name}_async", _async)

@@ -20,36 +20,26 @@ cdef enum:
     WORK_SLACK = 65536
 
 
-class CodecError(ValueError):
-    """Base class of every codec error. `code` is the protocol error code."""
-    code = 5001
-
-
-class MalformedMessage(CodecError):
-    """The bytes are not a valid buffer for the schema (protocol 5001)."""
-    code = 5001
-
-
-class UnknownMessageType(CodecError):
-    """Message.body carries a union tag this build does not know (5002)."""
-    code = 5002
-
-
-class FrameTooLarge(CodecError):
-    """An encoded frame would exceed the 1 MiB cap (protocol 5003)."""
-    code = 5003
+# The codec's errors are the protocol's (tryll_fast.errors): a CodecError is any 5xxx
+# ProtocolError, and MalformedMessage / UnknownMessageType / FrameTooLarge are the classes of
+# codes 5001-5003, so what the codec raises is what the server answers with.
+from tryll_fast.errors import ErrorCode as _ErrorCode
+from tryll_fast.errors import (FrameTooLarge, MalformedMessage, UnknownMessageType,
+                               ProtocolError as CodecError)
 
 
 class FramingError(CodecError):
-    """The length prefix is 0 or above 1 MiB: fatal, the connection closes."""
-    code = 0
+    """The length prefix is 0 or above 1 MiB: fatal, the connection closes (nothing is
+    answered; the code is the nearest one)."""
+    code = _ErrorCode.MalformedMessage
 
 
 class EncodeError(CodecError, TypeError):
-    """A value given to the builder does not fit its schema field.
+    """A value given to the builder does not fit its schema field: the frame would be
+    malformed, so it is never built.
 
     The message names the table, the field and the constraint."""
-    code = 0
+    code = _ErrorCode.MalformedMessage
 
 
 cdef object _malformed(str what, Py_ssize_t pos):

@@ -1,8 +1,9 @@
 """Inference engines: the code that runs models on this machine.
 
-Owns: loading model files into memory, running them (llama.cpp for language
-models in `llama/`; speech engines arrive later), the KV cache and its
-sharing between agents, and the accounting of what that memory costs. It
-knows nothing about sockets, frames, sessions or workflow graphs: callers hand
-it token ids or text and get text back through handles and queues.
+Owns: the engine roles (roles.py: what the workflow may ask of a language model, an
+embedding model, a speech synthesiser or recogniser, a voice activity detector), the
+registry of the engines this build runs (registry.py), their errors (errors.py), and the
+engines themselves: llama/ (llama.cpp: language and embedding models, batched across
+agents, KV prefixes shared). Engines know nothing about sockets, frames, sessions or
+workflow graphs: callers hand them token ids or text and get text back through handles.
 """

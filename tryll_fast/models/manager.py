@@ -14,52 +14,27 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from enum import IntEnum
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
+
+from tryll_fast.engines import registry
+from tryll_fast.engines.registry import Loader
+from tryll_fast.errors import ErrorCode, ModelError, TryllError
 
 from .catalog import Catalog, ModelEntry, load_catalog
-from .errors import ModelError
 from .fetch import ModelStore, resolve_models_dir
 
-# Cap on an llm entry's context_size (its KV cache is n_ctx cells shared by all slots).
-DEFAULT_MAX_N_CTX = 4096
 # How long close() waits for active leases before giving up (it never frees under them).
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
 
-class LoadErrorCode(IntEnum):
-    ServerShuttingDown = 2001       # the manager is closing / closed
-    ModelNotInCatalog = 6002        # DownloadNotAvailable: the same answer ModelStore gives
-    ModelResolutionFailed = 6007    # VAD loaded directly, not on disk, or the engine failed
-    EngineNotAvailable = 6008       # the entry's engine (or a dependency's) is not in the build
-
-
-class ModelManagerError(ModelError):
-    """A refused load; `.role` and `.engine` say what could not be loaded."""
-
-    def __init__(self, code: LoadErrorCode, message: str, *, model: str = "", role: str = "",
-                 engine: str = "") -> None:
-        super().__init__(LoadErrorCode(code), message, model=model)
-        self.role = role
-        self.engine = engine
-
-
-Code = LoadErrorCode
-# loader(entry, path, options) -> the loaded object; it must have close(), may have memory().
-Loader = Callable[[ModelEntry, Path, Mapping[str, Any]], Any]
-
-
-def _load_llama(entry: ModelEntry, path: Path, options: Mapping[str, Any]):
-    from tryll_fast.engines.llama.engine import LlamaEngine
-
-    opts = dict(options)
-    cap = int(opts.pop("max_n_ctx", DEFAULT_MAX_N_CTX))
-    n_ctx = min(entry.context_size or cap, cap)
-    return LlamaEngine(str(path), n_ctx=n_ctx, **opts)
-
-
-DEFAULT_LOADERS: dict[str, Loader] = {"llama-cpp": _load_llama}
+# A refused load is a ModelError (tryll_fast.errors) whose `.model`, `.role` and `.engine`
+# say what could not be loaded: 6002 DownloadNotAvailable (not in the catalog, the answer
+# ModelStore gives too), 6007 ModelResolutionFailed (a VAD on its own, not on disk, or the
+# engine failed), 6008 EngineNotAvailable (the entry's or a dependency's engine is not in the
+# build); 2001 ServerShuttingDown (a SessionError) once the manager closes.
+Code = ErrorCode
+# What the manager loads with: every engine this build runs (engines/registry.py).
+DEFAULT_LOADERS: dict[str, Loader] = registry.loaders()
 
 
 @dataclass(frozen=True)
@@ -166,7 +141,7 @@ class ModelManager:
     engine_options: per engine name, e.g. {"llama-cpp": {"max_n_ctx": 2048, "n_slots": 4}}
     (llama-cpp: max_n_ctx caps the entry's context_size, default 4096; every other key
     goes to LlamaEngine). loaders: engine name -> loader(entry, path, options); the
-    default runs llama-cpp only, every other engine is 6008.
+    default is the registry's (engines/registry.py), every other engine is 6008.
     """
 
     def __init__(self, catalog: Catalog | None = None, models_dir=None, *,
@@ -290,8 +265,8 @@ class ModelManager:
     def _entry(self, name: str) -> ModelEntry:
         entry = self.catalog.get(name)
         if entry is None:
-            raise ModelManagerError(
-                Code.ModelNotInCatalog,
+            raise ModelError(
+                Code.DownloadNotAvailable,
                 f"{name}: not in the catalog {self.catalog.origin}", model=name)
         return entry
 
@@ -299,7 +274,7 @@ class ModelManager:
         """Everything that can be refused before loading anything."""
         entry = self._entry(name)
         if entry.role == "vad" and not as_dependency:
-            raise ModelManagerError(
+            raise ModelError(
                 Code.ModelResolutionFailed,
                 f"{name}: role vad is not loaded on its own: a VAD loads as a dependency of"
                 " its STT model", model=name, role=entry.role, engine=entry.engine)
@@ -307,7 +282,7 @@ class ModelManager:
         for e in [entry] + [d for d in closure if d.name != name]:
             if e.engine not in self.loaders:
                 via = "" if e.name == name else f" (a dependency of {name})"
-                raise ModelManagerError(
+                raise ModelError(
                     Code.EngineNotAvailable,
                     f"{e.name}{via}: role {e.role} needs engine {e.engine}, which this build"
                     f" cannot run (available: {', '.join(sorted(self.loaders)) or 'none'})",
@@ -316,7 +291,7 @@ class ModelManager:
             missing = [e for e in self.catalog.with_dependencies([name])
                        if not self.store.is_downloaded(e.name)]
             what = ", ".join(f"{e.name} ({self.store.status(e.name).name})" for e in missing)
-            raise ModelManagerError(
+            raise ModelError(
                 Code.ModelResolutionFailed,
                 f"{name}: not on disk in {self.models_dir}: {what}; download it first"
                 f" (DownloadModel, or `tryll-fast models fetch {name}`): loading never"
@@ -331,9 +306,9 @@ class ModelManager:
         entry = self._check(name, as_dependency=as_dependency)
         with self._cv:
             if self._closing:
-                raise ModelManagerError(Code.ServerShuttingDown,
-                                        f"{name}: the model manager is shutting down",
-                                        model=name, role=entry.role, engine=entry.engine)
+                raise TryllError(Code.ServerShuttingDown,
+                                 f"{name}: the model manager is shutting down",
+                                 model=name, role=entry.role, engine=entry.engine)
             slot = self._slots.get(name)
             if slot is not None:
                 self._take(slot, kind)
@@ -359,7 +334,7 @@ class ModelManager:
         except BaseException as exc:
             for dep in deps:
                 self._release(dep, "dependents")
-            err = exc if isinstance(exc, ModelManagerError) else ModelManagerError(
+            err = exc if isinstance(exc, TryllError) else ModelError(
                 Code.ModelResolutionFailed, f"{name}: loading failed: {exc}",
                 model=name, role=entry.role, engine=entry.engine)
             if err is not exc:

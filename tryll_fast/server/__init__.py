@@ -9,7 +9,7 @@ key by save_id under the storage root. It never touches a socket (that is
 `tryll_fast.transport`) and never runs a model itself (that is `tryll_fast.engines`).
 """
 from tryll_fast.server.config import ConfigError, ServerConfig, load_config
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.server.server import Server
 
-__all__ = ["ConfigError", "ErrorCode", "RequestError", "Server", "ServerConfig", "load_config"]
+__all__ = ["ConfigError", "ErrorCode", "TryllError", "Server", "ServerConfig", "load_config"]

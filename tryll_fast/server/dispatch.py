@@ -6,7 +6,7 @@ tag, so dispatching a frame is one index and one call. Every message a client ma
 must have a handler (tests check this against the union); a tag a client may not send
 (a server-to-client message) gets the 5002 handler.
 
-A handler is `fn(session, body) -> reply body | None`. It raises RequestError for a
+A handler is `fn(session, body) -> reply body | None`. It raises TryllError for a
 protocol error; it returns None when it replies later (work handed to a worker) or when
 the message has no reply at all (SetInferenceThrottle, AudioBuffer).
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 from tryll_fast import codec
 
 # Client -> server messages are the requests plus the two fire-and-forget frames; every
-# other member of the union only ever travels from the server to the client (seed 000's
+# other member of the union only ever travels from the server to the client (the protocol's
 # message catalog, "Direction").
 FIRE_AND_FORGET = frozenset({"SetInferenceThrottle", "AudioBuffer"})
 

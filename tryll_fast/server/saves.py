@@ -17,7 +17,7 @@ import re
 import secrets
 from pathlib import Path
 
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 
 _SAVE_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 _TMP_SUFFIX = ".tmp"
@@ -25,7 +25,7 @@ _TMP_SUFFIX = ".tmp"
 
 def check_save_id(save_id: str) -> str:
     if not save_id:
-        raise RequestError(ErrorCode.InvalidSaveId, "save_id is empty")
+        raise TryllError(ErrorCode.InvalidSaveId, "save_id is empty")
     if not _SAVE_ID.fullmatch(save_id):
         bad = sorted({ch for ch in save_id if not (ch.isascii() and (ch.isalnum()
                                                                      or ch in "_.-"))})
@@ -35,7 +35,7 @@ def check_save_id(save_id: str) -> str:
             problem = f"contains {''.join(bad)!r}"
         else:
             problem = "starts with '.'"
-        raise RequestError(ErrorCode.InvalidSaveId,
+        raise TryllError(ErrorCode.InvalidSaveId,
                            f"save_id {save_id[:64]!r} {problem}: a save_id is a file name of "
                            "letters, digits, '_', '-' and '.', not starting with '.'")
     return save_id
@@ -98,7 +98,7 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise RequestError(ErrorCode.DialogWriteFailed,
+        raise TryllError(ErrorCode.DialogWriteFailed,
                            f"{what}: cannot write {path}: {exc.strerror or exc}") from None
 
 
@@ -108,16 +108,16 @@ def read_limited(path: Path, limit: int, what: str) -> bytes:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
-                raise RequestError(ErrorCode.DialogSnapshotTooLarge,
+                raise TryllError(ErrorCode.DialogSnapshotTooLarge,
                                    f"{what}: {path} has {size} bytes; at most {limit}")
             return f.read(limit + 1)
     except FileNotFoundError:
-        raise RequestError(ErrorCode.DialogFileNotFound,
+        raise TryllError(ErrorCode.DialogFileNotFound,
                            f"{what}: no file {path} (nothing was saved under that save_id)"
                            ) from None
     except IsADirectoryError:
-        raise RequestError(ErrorCode.DialogFileNotFound,
+        raise TryllError(ErrorCode.DialogFileNotFound,
                            f"{what}: {path} is a directory, not a saved dialog") from None
     except OSError as exc:
-        raise RequestError(ErrorCode.DialogFileNotFound,
+        raise TryllError(ErrorCode.DialogFileNotFound,
                            f"{what}: cannot read {path}: {exc.strerror or exc}") from None

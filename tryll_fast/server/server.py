@@ -26,7 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 from tryll_fast import PROTOCOL_VERSION, codec
+from tryll_fast.engines import registry
 from tryll_fast.models import ModelManager, load_catalog
+from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.models.manager import DEFAULT_LOADERS
 from tryll_fast.server.config import ServerConfig
 from tryll_fast.server.dispatch import build_table
@@ -37,6 +39,8 @@ from tryll_fast.workflow.runtime import Limits, Runtime
 
 log = logging.getLogger("tryll_fast.server")
 
+# InferenceEngine value -> the catalog's engine name (for CreateSession's engine hints)
+_ENGINE_NAMES = {v: name for name, v in ENGINE_WIRE_VALUES.items()}
 # The pin of models the server itself loads (models.preload), not any session's.
 SERVER_PIN = 0
 # After the deadline, how long cancelled operations get to wind down and connections get
@@ -45,13 +49,6 @@ CANCEL_GRACE_S = 5.0
 CLOSE_GRACE_S = 3.0
 
 
-def _warm_llama() -> None:
-    from tryll_fast.engines.llama.model import init_backend
-    init_backend()
-
-
-# InferenceEngine -> backend initialisation, for the engines this build runs.
-_WARMUPS: dict[int, Callable[[], None]] = {int(codec.InferenceEngine.LlamaCpp): _warm_llama}
 
 
 class ThrottleBoard:
@@ -66,7 +63,7 @@ class ThrottleBoard:
 
     @staticmethod
     def clamp(value: float) -> float | None:
-        """0..1; None for a non-finite value (ignored, never an error: seed 000)."""
+        """0..1; None for a non-finite value (ignored, never an error: the protocol)."""
         if not math.isfinite(value):
             return None
         return min(1.0, max(0.0, value))
@@ -370,14 +367,14 @@ class Server:
         return load
 
     def warm_engines(self, kinds: Iterable[int]) -> None:
-        """The one effect of CreateSession's engine hints (seed 000): initialise the named
+        """The one effect of CreateSession's engine hints (docs/protocol.md): initialise the named
         engines' backends now, off the reactor, instead of at the first load. Engines this
         build does not have are ignored here; loading one of their models is 6008."""
         for kind in kinds:
-            warm = _WARMUPS.get(kind)
-            if warm is not None and kind not in self._warmed:
+            name = _ENGINE_NAMES.get(kind)
+            if name in registry.ENGINES and kind not in self._warmed:
                 self._warmed.add(kind)
-                self.workers.submit(warm)
+                self.workers.submit(registry.warm, name)
 
     def engines(self) -> list[Any]:
         """The loaded engines that are still open."""

@@ -19,8 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from tryll_fast import codec
-from tryll_fast.models import ModelError
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.server.logs import fields
 
 if TYPE_CHECKING:
@@ -134,12 +133,8 @@ class Session:
     def frame_received(self, payload: bytes) -> None:
         try:
             msg = codec.decode(payload)
-        except codec.UnknownMessageType as exc:
-            self.send_error(codec.peek_request_id(payload), ErrorCode.UnknownMessageType,
-                            str(exc))
-            return
-        except codec.CodecError as exc:
-            self.send_error(codec.peek_request_id(payload), ErrorCode.MalformedMessage, str(exc))
+        except codec.CodecError as exc:                 # 5001 / 5002, the connection stays
+            self.fail(codec.peek_request_id(payload), exc)
             return
         route = self._routes[msg.body_type]
         body = msg.body
@@ -165,17 +160,9 @@ class Session:
             return
         try:
             reply = route.fn(self, body)
-        except RequestError as exc:
-            self.send_error(getattr(body, "request_id", 0), exc.code, exc.message,
-                            getattr(body, "agent_id", 0))
-        except ModelError as exc:
-            self.send_error(getattr(body, "request_id", 0), int(exc.code), exc.message)
         except Exception as exc:
-            log.exception("handler for %s failed", route.name,
-                          extra=fields(session=self.id, connection=self.conn.id))
-            self.send_error(getattr(body, "request_id", 0), ErrorCode.InternalError,
-                            f"internal error while handling {route.name}: {exc!r}",
-                            getattr(body, "agent_id", 0))
+            self.fail(getattr(body, "request_id", 0), exc, route.name,
+                      getattr(body, "agent_id", 0))
         else:
             if reply is not None:
                 self.send_reply(reply)
@@ -210,6 +197,18 @@ class Session:
                                    f"internal error: could not encode the reply: {exc}")
         return self.conn.send(frame)
 
+    def fail(self, request_id: int, exc: BaseException, what: str = "the request",
+             agent_id: int = 0) -> bool:
+        """The one mapping from an exception to ErrorResponse: a TryllError sends its own
+        code and message; anything else is a bug, logged with its traceback and answered
+        with 2006 InternalError (the session and the connection carry on)."""
+        if isinstance(exc, TryllError):
+            return self.send_error(request_id, exc.code, exc.message, agent_id)
+        log.error("%s failed", what, exc_info=exc,
+                  extra=fields(session=self.id, connection=self.conn.id))
+        return self.send_error(request_id, ErrorCode.InternalError,
+                               f"internal error while handling {what}: {exc!r}", agent_id)
+
     def send_error(self, request_id: int, code: int, message: str, agent_id: int = 0) -> bool:
         """agent_id: the agent an agent-scoped request addressed (0 for session-level)."""
         frame = codec.encode(codec.ErrorResponse(request_id=request_id, code=int(code),
@@ -224,7 +223,7 @@ class Session:
     def run_blocking(self, request_id: int, what: str, fn: Callable[[], Any],
                      agent_id: int = 0) -> None:
         """Run fn() on this session's lane; what it returns is the reply (None = no reply).
-        RequestError / ModelError become ErrorResponse for request_id (and agent_id)."""
+        What it raises becomes ErrorResponse for request_id (and agent_id), by fail()."""
         op = self.begin_operation("request", what)
 
         def job() -> None:
@@ -232,14 +231,8 @@ class Session:
                 if self.closed:
                     return
                 reply = fn()
-            except RequestError as exc:
-                self.send_error(request_id, exc.code, exc.message, agent_id)
-            except ModelError as exc:
-                self.send_error(request_id, int(exc.code), exc.message, agent_id)
             except Exception as exc:
-                log.exception("%s failed", what, extra=fields(session=self.id))
-                self.send_error(request_id, ErrorCode.InternalError,
-                                f"internal error while handling {what}: {exc!r}", agent_id)
+                self.fail(request_id, exc, what, agent_id)
             else:
                 if reply is not None:
                     self.send_reply(reply)

@@ -1,10 +1,12 @@
 """An agent: a compiled graph, its variables, its dialog, its engines, and its one turn.
 
-State machine: idle -> running (SendMessage) -> [paused -> running]* -> idle, and
-idle -> kv_operation (a KV-cache request, on a worker) -> idle; destroyed is final. `lock`
-guards the state: the reactor thread checks and flips it (a request that needs another
-state gets 3004 at once), the orchestrator ends turns. The dialog is only touched by the
-agent's turn or, while idle, by the dialog requests under the lock.
+State machine (owned here: `state` changes only through the methods below):
+idle -> running (SendMessage) -> [paused -> running]* -> idle, and idle -> kv_operation (a
+KV-cache request, on a worker) -> idle; destroyed is final. ADMISSION says which requests
+each state admits; `admit()` answers the rest with 3004 AgentBusy (3012 AgentNotPaused for
+a resume). `lock` guards the state: the reactor thread checks and flips it, the
+orchestrator ends turns. The dialog is only touched by the agent's turn or, while idle, by
+the dialog requests under the lock.
 
 Engines: each model the graph uses is held by a ModelManager lease for the agent's life
 (taken at creation, or at first use with DeferAllocation), so a model is never freed under
@@ -14,11 +16,13 @@ an agent. Each language-model node keeps its own engine conversation (KV), keyed
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
 from tryll_fast import codec
+from tryll_fast.errors import AgentBusy, AgentNotPaused
 from tryll_fast.workflow.dialog import Dialog
 from tryll_fast.workflow.graph import Graph
 from tryll_fast.workflow.projection import Projection
@@ -30,8 +34,46 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tryll_fast.workflow")
 
-IDLE, RUNNING, PAUSED, DESTROYED = "idle", "running", "paused", "destroyed"
-KV_OPERATION = "kv_operation"   # a Prefill / Evict / Status request is using the engines
+class AgentState(str, enum.Enum):
+    IDLE = "idle"
+    RUNNING = "running"             # a turn runs
+    PAUSED = "paused"               # a turn waits for ResumeAgentRequest (or its deadline)
+    KV_OPERATION = "kv_operation"   # a Prefill / Evict / Status request is using the engines
+    DESTROYED = "destroyed"         # final
+
+    def __str__(self) -> str:
+        return self.value
+
+
+IDLE, RUNNING, PAUSED, KV_OPERATION, DESTROYED = (
+    AgentState.IDLE, AgentState.RUNNING, AgentState.PAUSED, AgentState.KV_OPERATION,
+    AgentState.DESTROYED)
+_LIVE = frozenset({IDLE, RUNNING, PAUSED, KV_OPERATION})
+
+# Which agent requests each state admits (the protocol's admission rules, in one place).
+# Not admitted: 3004 AgentBusy, except a resume, which gets 3012 AgentNotPaused.
+ADMISSION: dict[str, frozenset[AgentState]] = {
+    "SendMessageRequest": frozenset({IDLE}),
+    "ResumeAgentRequest": frozenset({PAUSED}),
+    "CancelRequest": _LIVE,                     # idle: a no-op
+    "DestroyAgentRequest": _LIVE,
+    "ChangeAgentParamRequest": frozenset({IDLE, PAUSED}),
+    "UpdateAgentVariablesRequest": frozenset({IDLE, PAUSED}),
+    "GetAgentVariablesRequest": _LIVE,
+    "AppendInteractionsRequest": frozenset({IDLE}),
+    "RemoveInteractionsFromEndRequest": frozenset({IDLE}),
+    "ExportDialogRequest": frozenset({IDLE}),
+    "ImportDialogRequest": frozenset({IDLE}),
+    "SaveDialogRequest": frozenset({IDLE}),
+    "LoadDialogRequest": frozenset({IDLE}),
+    "PrefillAgentKvCacheRequest": frozenset({IDLE}),
+    "EvictAgentKvCacheRequest": frozenset({IDLE}),
+    "GetAgentKvCacheStatusRequest": frozenset({IDLE}),
+    "SetAgentVoiceRequest": frozenset({IDLE}),
+    "SetAgentDeliveryModeRequest": _LIVE,
+}
+_DOING = {RUNNING: "running a turn", PAUSED: "paused in a turn",
+          KV_OPERATION: "in a KV-cache operation", IDLE: "idle"}
 
 
 class Agent:
@@ -50,7 +92,7 @@ class Agent:
         self.kv_init = kv_init
         self.voice = voice              # stored; no node of this build speaks
         self.dialog = Dialog()
-        self.state = IDLE
+        self._state = IDLE
         self.lock = threading.Lock()
         self.turn: "Turn | None" = None
         self.leases: dict[str, Any] = {}
@@ -64,7 +106,63 @@ class Agent:
         self.kv_job_done.set()
 
     def __repr__(self) -> str:
-        return f"<Agent {self.id} {self.state}>"
+        return f"<Agent {self.id} {self._state}>"
+
+    # ---- state (call these with `lock` held) ----
+
+    @property
+    def state(self) -> AgentState:
+        return self._state
+
+    def admit(self, request: str, why: str = "") -> None:
+        """Raise the protocol's error if the current state does not admit `request` (a
+        MessageBody member name); `why` is appended to the message."""
+        if self._state in ADMISSION[request]:
+            return
+        doing = _DOING.get(self._state, str(self._state))
+        if request == "ResumeAgentRequest":
+            raise AgentNotPaused(f"agent {self.id} is {doing}, not paused: nothing to resume")
+        raise AgentBusy(f"agent {self.id} is {doing}: {why or request + ' is refused'}")
+
+    def begin_turn(self, turn: "Turn") -> None:
+        """SendMessage: idle -> running (admit("SendMessageRequest") first)."""
+        self._move({IDLE}, RUNNING)
+        self.turn = turn
+
+    def pause(self) -> bool:
+        """running -> paused; False if the agent is no longer running (destroyed)."""
+        if self._state != RUNNING:
+            return False
+        self._state = PAUSED
+        return True
+
+    def unpause(self) -> None:
+        """paused -> running (a resume, a deadline, a cancel); a no-op otherwise."""
+        if self._state == PAUSED:
+            self._state = RUNNING
+
+    def end_turn(self) -> None:
+        """running / paused -> idle (a destroyed agent stays destroyed)."""
+        if self._state in (RUNNING, PAUSED):
+            self._state = IDLE
+        self.turn = None
+
+    def begin_kv_operation(self) -> None:
+        """idle -> kv_operation (admit() first)."""
+        self._move({IDLE}, KV_OPERATION)
+        self.kv_job_done.clear()
+
+    def end_kv_operation(self) -> None:
+        """kv_operation -> idle (a destroyed agent stays destroyed)."""
+        if self._state == KV_OPERATION:
+            self._state = IDLE
+        self.kv_job_done.set()
+
+    def _move(self, sources: set, target: AgentState) -> None:
+        if self._state not in sources:
+            raise RuntimeError(f"agent {self.id}: {self._state} -> {target} is not a "
+                               "transition (admit() was skipped)")
+        self._state = target
 
     # ---- models ----
 
@@ -86,7 +184,7 @@ class Agent:
             loop = asyncio.get_running_loop()
             lease = await loop.run_in_executor(self.runtime.workers,
                                                self.runtime.models.lease, model)
-            if self.state == DESTROYED:
+            if self._state == DESTROYED:
                 self.runtime.workers.submit(lease.release)
                 raise asyncio.CancelledError()
             self.leases[model] = lease
@@ -106,7 +204,7 @@ class Agent:
 
     @property
     def priority(self):
-        from tryll_fast.engines.llama.request import Priority
+        from tryll_fast.engines.roles import Priority
         return (Priority.BACKGROUND if self.workload == codec.AgentWorkload.Background
                 else Priority.INTERACTIVE)
 
@@ -116,9 +214,9 @@ class Agent:
         """Mark destroyed and cancel the running turn (any thread; cheap). release()
         must follow on a worker."""
         with self.lock:
-            if self.state == DESTROYED:
+            if self._state == DESTROYED:
                 return None
-            self.state = DESTROYED
+            self._state = DESTROYED
             turn = self.turn
         if turn is not None:
             turn.cancel(codec.CancelMode.StopAndDiscard)

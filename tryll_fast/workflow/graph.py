@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.variables import Variables
 
 END = ""
@@ -31,12 +31,12 @@ class CompileContext:
     default_model: str
     variables: Variables
     # model name, where -> (catalog entry, KV cells its engine will have); raises
-    # RequestError (with `code`) when the model cannot serve the node
+    # TryllError (with `code`) when the model cannot serve the node
     resolve_model: Callable[[str, str], tuple[Any, int]]
     code: int = ErrorCode.GraphCompilationFailed
 
-    def fail(self, where: str, problem: str) -> RequestError:
-        return RequestError(self.code, f"{where}: {problem}")
+    def fail(self, where: str, problem: str) -> TryllError:
+        return TryllError(self.code, f"{where}: {problem}")
 
 
 class NodeType:
@@ -123,7 +123,7 @@ def compile_graph(graph, ctx: CompileContext, types: Mapping[type, NodeType]) ->
         if node_type is None:
             raise fail(f"node {d.name!r}", "params are missing (NodeParams is NONE)")
         if node_type.missing_feature:
-            raise RequestError(ErrorCode.FeatureNotAvailable,
+            raise TryllError(ErrorCode.FeatureNotAvailable,
                                f"node {d.name!r}: {node_type.kind} nodes need "
                                f"{node_type.missing_feature}, which this server build does "
                                "not include yet")
@@ -145,12 +145,12 @@ def check_change(node: Node, params, ctx: CompileContext) -> Any:
     the node type's checks with 3007. Returns the new spec."""
     if type(params) is not type(node.params):
         got = "no params" if params is None else type(params).__name__
-        raise RequestError(ErrorCode.InvalidParamValue,
+        raise TryllError(ErrorCode.InvalidParamValue,
                            f"node {node.name!r} is a {node.type.kind} node: params must be "
                            f"{node.type.params_cls.__name__}, got {got}")
     changed = _structural_change(node.params, params, type(params).__name__)
     if changed:
-        raise RequestError(ErrorCode.ParamNotMutable,
+        raise TryllError(ErrorCode.ParamNotMutable,
                            f"node {node.name!r}: {changed} is structural (fixed at "
                            "CreateAgent) and cannot change")
     return node.type.compile(node.name, params, ctx)

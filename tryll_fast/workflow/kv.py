@@ -1,4 +1,4 @@
-"""The agent KV-cache lifecycle (seed 000 "Agent KV-cache lifecycle", SPEC §7).
+"""The agent KV-cache lifecycle (docs/workflow.md).
 
 Eligible nodes are the language-model nodes (Generate, ToolCall); each keeps one engine
 conversation, ("agent", id, node). Their *cacheable prefix* is what every next prompt of

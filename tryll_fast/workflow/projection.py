@@ -4,9 +4,9 @@ Messages, in order: the system prompt (pinned), then each interaction in the win
 user message, then its replies joined into one assistant message), then this turn: the
 rendered template where `placement` puts it, the input (the player's message or another
 node's output), and replies earlier nodes gave in this turn. The model's own chat template
-renders them (engines/llama/chat.py); the text is tokenized with special tokens parsed.
+renders them (prompting/chat.py); the text is tokenized with special tokens parsed.
 
-Token budget with hysteresis (SPEC §5): high = context size - max_tokens. When a prompt is
+Token budget with hysteresis (docs/workflow.md): high = context size - max_tokens. When a prompt is
 over `high`, the oldest interactions leave the window until it is at most 75 % of `high`.
 The window only moves forward (until the dialog is edited), so between drops every turn's
 prompt starts with the previous turn's and the engine decodes only the new suffix.

@@ -4,8 +4,8 @@ A turn is a coroutine (turn.py). Nodes that only touch memory run inline; a lang
 node submits to its engine and awaits the request's on_finish, which the scheduler thread
 hands back with call_soon_threadsafe. Tokens do not come here: they go from the scheduler
 thread straight to the connection (AnswerStream). Blocking work a turn needs (loading a
-model on first use) runs on the server's worker pool. Pause timeouts (the tool-call issue)
-will be timers on this loop.
+model on first use) runs on the server's worker pool. Pause deadlines are timers on this
+loop.
 """
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import weakref
 from dataclasses import dataclass
-from typing import Any, Coroutine
-
-from tryll_fast.engines.llama.chat import ChatFormatter
+from typing import Coroutine
 
 log = logging.getLogger("tryll_fast.workflow")
 
@@ -37,9 +34,6 @@ class Runtime:
         self.workers = workers
         self.limits = limits
         self.loop = asyncio.new_event_loop()
-        self._formatters: "weakref.WeakKeyDictionary[Any, ChatFormatter]" = \
-            weakref.WeakKeyDictionary()
-        self._formatter_lock = threading.Lock()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tryll-orchestrator",
                                         daemon=True)
@@ -61,14 +55,10 @@ class Runtime:
     def in_loop(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def formatter(self, engine) -> ChatFormatter:
-        """The chat formatter of an engine's model (built once per engine)."""
-        with self._formatter_lock:
-            f = self._formatters.get(engine)
-            if f is None:
-                f = ChatFormatter.from_llama_model(engine.model)
-                self._formatters[engine] = f
-            return f
+    @staticmethod
+    def formatter(engine):
+        """The chat formatter of a language model (engines/roles.py; built once per engine)."""
+        return engine.chat_formatter()
 
     def stop(self) -> None:
         if self._thread.is_alive():

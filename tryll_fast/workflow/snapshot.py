@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, InvalidDialogSnapshot, TryllError
 from tryll_fast.workflow.dialog import USER_SLOT, Component, Interaction, now_ms
 from tryll_fast.workflow.graph import Graph, fingerprint
 
@@ -51,12 +51,8 @@ _STATE_NAME = {int(v): k for k, v in _STATE.items()}
 _SLOT_KINDS = {int(m) for m in codec.PersistedSlotKind}
 
 
-class SnapshotError(RequestError):
-    pass
-
-
-def _invalid(where: str, problem: str) -> SnapshotError:
-    return SnapshotError(ErrorCode.InvalidDialogSnapshot, f"snapshot {where}: {problem}")
+def _invalid(where: str, problem: str) -> InvalidDialogSnapshot:
+    return InvalidDialogSnapshot(f"snapshot {where}: {problem}")
 
 
 # ---- export ----
@@ -113,7 +109,7 @@ def encode(interactions: list[Interaction], graph: Graph, locale: str) -> bytes:
     except codec.FrameTooLarge:
         data = None
     if data is None or len(data) > MAX_SNAPSHOT_BYTES:
-        raise RequestError(ErrorCode.DialogSnapshotTooLarge,
+        raise TryllError(ErrorCode.DialogSnapshotTooLarge,
                            f"the dialog's snapshot ({len(interactions)} interactions) would "
                            f"be over {MAX_SNAPSHOT_BYTES} bytes, the most one frame or file "
                            "holds: remove old interactions first (RemoveInteractionsFromEnd "
@@ -200,14 +196,14 @@ def _read_component(pc, where: str, calls: dict, results: set) -> Component:
 def parse(data) -> Parsed:
     """Verify and read a TDLG buffer completely (3019 naming the first problem)."""
     if len(data) > MAX_SNAPSHOT_BYTES:
-        raise RequestError(ErrorCode.DialogSnapshotTooLarge,
+        raise TryllError(ErrorCode.DialogSnapshotTooLarge,
                            f"the snapshot has {len(data)} bytes; at most {MAX_SNAPSHOT_BYTES}")
     if not len(data):
         raise _invalid("bytes", "empty")
     try:
         snap = codec.decode_root(codec.PersistedDialogSnapshot, bytes(data))
         return _read(snap)
-    except SnapshotError:
+    except InvalidDialogSnapshot:
         raise
     except (codec.CodecError, UnicodeDecodeError) as exc:
         raise _invalid("bytes", f"not a valid TDLG buffer ({exc})") from None
@@ -246,14 +242,14 @@ def check_graph(parsed: Parsed, graph: Graph, compatibility: int, locale: str) -
     """3020 under Strict when the graphs differ; else the warnings."""
     if compatibility not in (codec.DialogCompatibility.Strict,
                              codec.DialogCompatibility.AllowGraphMismatch):
-        raise RequestError(ErrorCode.InvalidParamValue,
+        raise TryllError(ErrorCode.InvalidParamValue,
                            f"compatibility {int(compatibility)} is not a DialogCompatibility "
                            "(0 Strict, 1 AllowGraphMismatch)")
     ours = fingerprint(graph)
     warnings: list[str] = []
     if parsed.fingerprint != ours:
         if compatibility == codec.DialogCompatibility.Strict:
-            raise RequestError(
+            raise TryllError(
                 ErrorCode.DialogGraphMismatch,
                 f"the snapshot's graph_fingerprint {parsed.fingerprint[:16] or '(none)'}… "
                 f"differs from this agent's {ours[:16]}…: it was exported from another graph "

@@ -1,6 +1,6 @@
 """Mustache templates (pystache) for prompts and instructions.
 
-Keys (SPEC §5): `var.<name>` (the variable's value now: re-read on every render),
+Keys (docs/workflow.md): `var.<name>` (the variable's value now: re-read on every render),
 `instruction_<name>` and the `instructions` section ({name, text} per instruction attached
 so far in the turn), `locale` ("pt-BR"), `language_code` ("pt"), `language` ("Portuguese"),
 and `user_message` (the player's text of this turn).

@@ -1,10 +1,10 @@
-"""The turn executor: one SendMessage walked through the graph (SPEC §5-§7, seed 000).
+"""The turn executor: one SendMessage walked through the graph (docs/workflow.md).
 
 From the start node, each node runs and names its exit; the exit's target runs next; an
 empty exit ends the turn. More than `max_steps_per_turn` node runs: ErrorResponse 4001
 "Max steps per turn (N) exceeded", then TurnComplete(Error).
 
-Frames (SPEC §6): every text-producing node sends exactly one is_final chunk (Streamed:
+Frames (docs/workflow.md): every text-producing node sends exactly one is_final chunk (Streamed:
 deltas then an empty terminator; Whole: one chunk). A turn in which no node sent one ends
 with an empty final chunk (is_delta = false, is_final = true) from its last node. Then
 exactly one TurnComplete {request_id, agent_id, status, debug_info, tokens_generated}.
@@ -15,7 +15,7 @@ is idle again. Cancel: the engine stops before its next token, a streaming node 
 its terminator, TurnComplete(Cancelled); StopAndKeep keeps the partial reply, StopAndDiscard
 drops the interaction. Stateless agents clear the dialog after every turn.
 
-Pauses (seed 004): a node may ask to pause after it (a Pause node always; a ToolCall with a
+Pauses (docs/workflow.md): a node may ask to pause after it (a Pause node always; a ToolCall with a
 pausing disposition when it detected a call). The agent is then paused: NodeEvent "paused"
 {exit_route, cause, timeout_ms}; the turn waits for ResumeAgentRequest (continue via the
 exit, or jump to a node), CancelRequest, or its timeout (the Pause node's timeout_exit, else
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tryll_fast import codec
-from tryll_fast.engines.llama.errors import EngineError
-from tryll_fast.engines.llama.sampling import SamplingParams
+from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.roles import SamplingParams
 from tryll_fast.errors import ErrorCode
 from tryll_fast.workflow import kv, templates
 from tryll_fast.workflow._stream import AnswerStream
-from tryll_fast.workflow.agent import DESTROYED, IDLE, PAUSED, RUNNING, Agent
+from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
 from tryll_fast.workflow.projection import ProjectionError
 
@@ -61,7 +61,7 @@ class TurnTimedOut(Exception):
 
 @dataclass
 class Paused:
-    """A turn waiting between nodes for ResumeAgentRequest (seed 004)."""
+    """A turn waiting between nodes for ResumeAgentRequest (docs/workflow.md)."""
     node: Any
     exit_name: str
     cause: str                      # tool_call | pause_node
@@ -152,7 +152,7 @@ class Turn:
             self._finish(status)
 
     async def _restore_kv(self) -> None:
-        """The agent's KV was evicted: prefill every eligible node again first (seed 000:
+        """The agent's KV was evicted: prefill every eligible node again first (the protocol:
         restored before every SendMessage, no error, no client request)."""
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
@@ -189,9 +189,7 @@ class Turn:
         finally:
             agent.turns_run += 1
             with agent.lock:
-                if agent.state != DESTROYED:
-                    agent.state = IDLE
-                agent.turn = None
+                agent.end_turn()
             self.session.send_reply(codec.TurnComplete(
                 request_id=self.request_id, agent_id=agent.id, status=status,
                 debug_info=debug if agent.diagnostics else "",
@@ -330,7 +328,7 @@ class Turn:
             request_id=self.request_id, agent_id=self.agent.id, node_name=node_name, event_type=event_type,
             kv_pairs=[codec.NodeParam(key=k, value=v) for k, v in pairs.items()]))
 
-    # ---- pausing (seed 004) ----
+    # ---- pausing ----
 
     def request_pause(self, cause: str, timeout_ms: int, timeout_exit: str | None = None,
                       await_calls: tuple = ()) -> None:
@@ -346,9 +344,8 @@ class Turn:
         loop = asyncio.get_running_loop()
         wake = loop.create_future()
         with agent.lock:
-            if agent.state == DESTROYED or self.cancelled:
+            if self.cancelled or not agent.pause():
                 raise TurnCancelled()
-            agent.state = PAUSED
             self.paused = Paused(node, exit_name, cause, list(await_calls), wake, loop)
         target = node.exits[exit_name]
         self.send_event(node.name, "paused", {"exit_route": target, "cause": cause,
@@ -365,8 +362,7 @@ class Turn:
                 timer.cancel()
             with agent.lock:
                 self.paused = None
-                if agent.state == PAUSED:
-                    agent.state = RUNNING
+                agent.unpause()
         if self._diag is not None:
             self._diag["pause"].update(outcome=outcome[0],
                                        paused_ms=round((time.perf_counter() - t0) * 1000, 3))
@@ -394,7 +390,7 @@ class Turn:
                 text=results[call_id], name=call.name, role="tool",
                 producer="client_tool_result",
                 extra={"call_id": call_id, "projected": True}))
-        self.agent.state = RUNNING
+        self.agent.unpause()
         paused.loop.call_soon_threadsafe(_settle, paused.wake, ("resume", resume_node))
 
     # ---- diagnostics ----

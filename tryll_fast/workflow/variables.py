@@ -1,5 +1,5 @@
 """Agent variables: declared with a type at CreateAgent, changed by the game in atomic
-batches (seed 000, "Agent Variables").
+batches (docs/workflow.md).
 
 A variable's type is the VariableValue member it was declared with (VarInt int64, VarFloat
 float64, VarString, VarBool, VarStringSet) and never changes. UpdateAgentVariables
@@ -15,10 +15,10 @@ import threading
 from typing import Any, Iterable
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 
 MAX_VARIABLES = 1024
-MAX_SET_ELEMENTS = 4096          # seed 000
+MAX_SET_ELEMENTS = 4096          # the protocol's limit
 MAX_STRING_CHARS = 65536
 # Names are Mustache keys (`var.<name>`) and filter operands: no dots, braces or spaces.
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,127}")
@@ -32,29 +32,29 @@ def _read(value, where: str, code: int) -> tuple[str, Any]:
     """(kind, Python value) of a VariableValue member; `code` for an invalid value."""
     kind = KINDS.get(type(value))
     if kind is None:
-        raise RequestError(code, f"{where}: a value is required")
+        raise TryllError(code, f"{where}: a value is required")
     if kind == "int":
         return kind, int(value.value)
     if kind == "float":
         v = float(value.value)
         if not math.isfinite(v):
-            raise RequestError(code, f"{where}: {v} is not a finite number")
+            raise TryllError(code, f"{where}: {v} is not a finite number")
         return kind, v
     if kind == "bool":
         return kind, bool(value.value)
     if kind == "string":
         text = value.value
         if len(text) > MAX_STRING_CHARS:
-            raise RequestError(code, f"{where}: {len(text)} characters; at most "
+            raise TryllError(code, f"{where}: {len(text)} characters; at most "
                                      f"{MAX_STRING_CHARS}")
         return kind, text
     items = list(value.values)
     if len(set(items)) > MAX_SET_ELEMENTS:
-        raise RequestError(code, f"{where}: {len(set(items))} elements; a set holds at most "
+        raise TryllError(code, f"{where}: {len(set(items))} elements; a set holds at most "
                                  f"{MAX_SET_ELEMENTS}")
     for i, item in enumerate(items):
         if len(item) > MAX_STRING_CHARS:
-            raise RequestError(code, f"{where}.values[{i}]: {len(item)} characters; at most "
+            raise TryllError(code, f"{where}.values[{i}]: {len(item)} characters; at most "
                                      f"{MAX_STRING_CHARS}")
     return kind, frozenset(items)
 
@@ -78,18 +78,18 @@ class Variables:
             where = f"variables[{i}]"
             name = decl.name
             if not NAME_RE.fullmatch(name or ""):
-                raise RequestError(ErrorCode.GraphCompilationFailed,
+                raise TryllError(ErrorCode.GraphCompilationFailed,
                                    f"{where}.name: {name!r} is not a variable name (letters, "
                                    "digits, _ and -, starting with a letter or _)")
             if name in self._kinds:
-                raise RequestError(ErrorCode.GraphCompilationFailed,
+                raise TryllError(ErrorCode.GraphCompilationFailed,
                                    f"{where}: variable {name!r} is declared twice")
             kind, value = _read(decl.value, f"{where} ({name!r}).value",
                                 ErrorCode.GraphCompilationFailed)
             self._kinds[name] = kind
             self._initial[name] = value
         if len(self._kinds) > MAX_VARIABLES:
-            raise RequestError(ErrorCode.GraphCompilationFailed,
+            raise TryllError(ErrorCode.GraphCompilationFailed,
                                f"variables: {len(self._kinds)} declared; at most {MAX_VARIABLES}")
         self._values = dict(self._initial)
         self._lock = threading.Lock()
@@ -106,7 +106,7 @@ class Variables:
 
     def apply(self, updates: Iterable) -> int:
         """Validate every update against a copy, then swap it in; returns how many applied.
-        Raises RequestError (3013 / 3014 / 3015) naming updates[i] on the first bad one."""
+        Raises TryllError (3013 / 3014 / 3015) naming updates[i] on the first bad one."""
         with self._lock:
             new = dict(self._values)
             count = 0
@@ -121,45 +121,45 @@ class Variables:
         where = f"updates[{i}] ({name!r})"
         kind = self._kinds.get(name)
         if kind is None:
-            raise RequestError(ErrorCode.UnknownVariable,
+            raise TryllError(ErrorCode.UnknownVariable,
                                f"{where}: no variable of that name is declared "
                                f"(declared: {', '.join(sorted(self._kinds)) or 'none'})")
         op = up.op
         value = up.value
         if op == codec.VariableOp.Reset:
             if value is not None:
-                raise RequestError(ErrorCode.InvalidVariableValue,
+                raise TryllError(ErrorCode.InvalidVariableValue,
                                    f"{where}: Reset takes no value")
             values[name] = self._initial[name]
             return
         if op == codec.VariableOp.Assign:
             got, v = _read(value, f"{where}.value", ErrorCode.InvalidVariableValue)
             if got != kind:
-                raise RequestError(ErrorCode.VariableTypeMismatch,
+                raise TryllError(ErrorCode.VariableTypeMismatch,
                                    f"{where}: the variable is {kind}, the value is {got}")
             values[name] = v
             return
         if op in (codec.VariableOp.AddToSet, codec.VariableOp.RemoveFromSet):
             opname = codec.VariableOp(op).name
             if kind != "string_set":
-                raise RequestError(ErrorCode.VariableTypeMismatch,
+                raise TryllError(ErrorCode.VariableTypeMismatch,
                                    f"{where}: {opname} needs a string_set variable; this one "
                                    f"is {kind}")
             got, v = _read(value, f"{where}.value", ErrorCode.InvalidVariableValue)
             if got != "string":
-                raise RequestError(ErrorCode.VariableTypeMismatch,
+                raise TryllError(ErrorCode.VariableTypeMismatch,
                                    f"{where}: {opname} takes a VarString value, not {got}")
             current = values[name]
             if op == codec.VariableOp.AddToSet:
                 if v not in current and len(current) >= MAX_SET_ELEMENTS:
-                    raise RequestError(ErrorCode.InvalidVariableValue,
+                    raise TryllError(ErrorCode.InvalidVariableValue,
                                        f"{where}: the set already holds {MAX_SET_ELEMENTS} "
                                        "elements, the maximum")
                 values[name] = current | {v}
             else:
                 values[name] = current - {v}
             return
-        raise RequestError(ErrorCode.InvalidVariableValue,
+        raise TryllError(ErrorCode.InvalidVariableValue,
                            f"{where}: op {int(op)} is not a VariableOp (0..3)")
 
     def snapshot(self) -> list:

@@ -4,9 +4,10 @@ Owns: the low-level llama.cpp model/context wrappers (with Python guards in
 front of every call that could abort the process), the scheduler thread that
 packs all agents into one llama_decode per step, per-request sampler chains,
 the compiled UTF-8/stop-string detokenizer, conversation KV reuse, the shared
-prefix cache, evict/restore to host memory and memory accounting. Chat
-templates, tool calls and embeddings live beside it (chat.py, tools.py,
-embeddings.py) and are imported from their own modules.
+prefix cache, evict/restore to host memory and memory accounting, and pooled
+embeddings (embeddings.py). It implements the LanguageModel and Embeddings roles
+(engines/roles.py); chat templates and tool-call prompting are engine-neutral
+(tryll_fast/prompting).
 
     from tryll_fast.engines.llama import LlamaEngine, Priority
     with LlamaEngine("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_slots=8) as eng:
@@ -17,12 +18,13 @@ embeddings.py) and are imported from their own modules.
 """
 from tryll_fast.engines.llama.context import LlamaContext
 from tryll_fast.engines.llama.engine import LlamaEngine
-from tryll_fast.engines.llama.errors import (
+from tryll_fast.engines.errors import (
     DecodeError, EngineClosed, EngineError, InvalidRequest, ModelLoadError,
 )
 from tryll_fast.engines.llama.model import LlamaModel
-from tryll_fast.engines.llama.request import FinishReason, Priority, RequestHandle, RequestStats
-from tryll_fast.engines.llama.sampling import SamplerChain, SamplingParams
+from tryll_fast.engines.llama.request import RequestHandle, RequestStats
+from tryll_fast.engines.llama.sampling import SamplerChain
+from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 
 __all__ = [
     "DecodeError", "EngineClosed", "EngineError", "FinishReason", "InvalidRequest",

@@ -14,7 +14,7 @@ import ctypes
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from tryll_fast.engines.llama.errors import (
+from tryll_fast.engines.errors import (
     DecodeError, EngineClosed, InvalidRequest, ModelLoadError,
 )
 from tryll_fast.engines.llama.model import LlamaModel

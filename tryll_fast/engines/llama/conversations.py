@@ -16,7 +16,7 @@ Runs on the scheduler thread only.
 import time
 
 from tryll_fast.engines.llama.context import LlamaContext
-from tryll_fast.engines.llama.errors import EngineError
+from tryll_fast.engines.errors import EngineError
 from tryll_fast.engines.llama.prefix_cache import PrefixCache, PrefixEntry
 
 

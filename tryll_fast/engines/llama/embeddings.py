@@ -6,39 +6,24 @@ to be interleaved with generation steps). Several texts go into one `llama_decod
 one sequence id each; llama.cpp pools per sequence and the vectors come back
 L2-normalised as float32 numpy arrays.
 
-Chat models pooled this way give coarse embeddings (see the design notes in
-issue 3): good enough to rank related above unrelated text, not a retrieval model.
+Chat models pooled this way give coarse embeddings (docs/models.md): good enough to rank related above unrelated text, not a retrieval model.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Sequence
 
 import numpy as np
 
+from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.llama.model import init_backend
+
 __all__ = ["Embedder", "EmbeddingError"]
 
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-class EmbeddingError(RuntimeError):
-    pass
-
-
-def _init_backend(C: Any) -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            C.llama_backend_init()
-            # llama-cpp-python forwards every llama.cpp INFO line of a model load to
-            # this logger; keep errors only unless someone configured it.
-            log = logging.getLogger("llama-cpp-python")
-            if log.level == logging.NOTSET:
-                log.setLevel(logging.ERROR)
-            _backend_ready = True
+class EmbeddingError(EngineError, RuntimeError):
+    """The embedding model or context failed (a 4001 under a request, like every engine
+    error)."""
 
 
 class Embedder:
@@ -61,7 +46,7 @@ class Embedder:
 
         self._C = C
         self._lock = threading.Lock()
-        _init_backend(C)
+        init_backend()
         self._owns_model = False
         if isinstance(model, (str, os.PathLike)):
             path = os.fspath(model)

@@ -19,10 +19,11 @@ import time
 from tryll_fast.engines.llama import model as model_mod
 from tryll_fast.engines.llama._detok import TextStream
 from tryll_fast.engines.llama.context import LlamaContext
-from tryll_fast.engines.llama.errors import EngineClosed, InvalidRequest
+from tryll_fast.engines.errors import EngineClosed, InvalidRequest
 from tryll_fast.engines.llama.model import LlamaModel
-from tryll_fast.engines.llama.request import FinishReason, Priority, RequestHandle
-from tryll_fast.engines.llama.sampling import SamplerChain, SamplingParams
+from tryll_fast.engines.llama.request import RequestHandle
+from tryll_fast.engines.llama.sampling import SamplerChain
+from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 from tryll_fast.engines.llama.scheduler import Request, Scheduler
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class LlamaEngine:
         self._incoming: list[Request] = []
         self._commands: list = []
         self._nudged = False
+        self._formatter = None
         self._hold = 0
         self._closing = False
         self._closed = False
@@ -93,6 +95,14 @@ class LlamaEngine:
     def detokenize(self, tokens) -> str:
         self._check_open()
         return self.model.detokenize(tokens)
+
+    def chat_formatter(self):
+        """The model's chat formatter (its GGUF template or a fallback), built once."""
+        with self._cv:
+            if self._formatter is None:
+                from tryll_fast.prompting.chat import ChatFormatter
+                self._formatter = ChatFormatter.from_metadata(self.model.chat_metadata())
+            return self._formatter
 
     @property
     def n_ctx(self) -> int:

@@ -11,7 +11,7 @@ import weakref
 
 import llama_cpp.llama_cpp as C
 
-from tryll_fast.engines.llama.errors import EngineClosed, InvalidRequest, ModelLoadError
+from tryll_fast.engines.errors import EngineClosed, InvalidRequest, ModelLoadError
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -91,9 +91,33 @@ class LlamaModel:
     # -- metadata -------------------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+        """A GGUF metadata value as text (None if absent), however long it is."""
+        size = 4096
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_model_meta_val_str(self.handle, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
+    def chat_metadata(self) -> dict:
+        """What a chat formatter needs (prompting.chat.ChatFormatter.from_metadata): the
+        template, the architecture and name, and the BOS/EOS text from the vocabulary."""
+        meta: dict = {}
+        for key in ("tokenizer.chat_template", "general.architecture", "general.name"):
+            v = self.meta(key)
+            if v is not None:
+                meta[key] = v
+        vocab = self.vocab_handle
+        for key, fn in (("tokenizer.ggml.bos_token", C.llama_vocab_bos),
+                        ("tokenizer.ggml.eos_token", C.llama_vocab_eos)):
+            tok = fn(vocab)
+            if tok >= 0:
+                meta[key] = (C.llama_vocab_get_text(vocab, tok) or b"").decode("utf-8", "replace")
+        meta["tokenizer.ggml.add_bos_token"] = bool(C.llama_vocab_get_add_bos(vocab))
+        return meta
 
     def _kv_bytes_per_cell(self) -> int:
         # One KV cell stores K and V for every layer, F16 by default. Models

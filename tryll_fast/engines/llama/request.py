@@ -4,30 +4,17 @@ The scheduler thread writes into the handle (text chunks, tokens, stats) and
 never reads from it; consumers read through a queue.SimpleQueue and an Event,
 so draining a stream never takes the scheduler's lock.
 """
-import enum
+
 import logging
 import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
 
-from tryll_fast.engines.llama.errors import EngineError
+from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.roles import FinishReason, Priority
 
 log = logging.getLogger(__name__)
-
-
-class Priority(enum.IntEnum):
-    """Queue class: Interactive requests are admitted (and, under throttle, stepped) first."""
-    INTERACTIVE = 0
-    BACKGROUND = 1
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"            # end-of-generation token, stop string, or grammar end
-    LENGTH = "length"        # max_tokens (0 for a prefill) or the context end
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
 
 @dataclass
 class RequestStats:
@@ -48,9 +35,7 @@ class RequestStats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-
 _END = object()
-
 
 class RequestHandle:
     """Future-like view of one request: wait(), cancel(), text, tokens, stats, stream()."""

@@ -20,10 +20,11 @@ import time
 
 from tryll_fast.engines.llama.context import LlamaContext
 from tryll_fast.engines.llama.conversations import Conversation, SlotTable
-from tryll_fast.engines.llama.errors import DecodeError
+from tryll_fast.engines.errors import DecodeError
 from tryll_fast.engines.llama.prefix_cache import PrefixCache
-from tryll_fast.engines.llama.request import FinishReason, Priority, RequestHandle
-from tryll_fast.engines.llama.sampling import SamplerChain, SamplingParams
+from tryll_fast.engines.llama.request import RequestHandle
+from tryll_fast.engines.llama.sampling import SamplerChain
+from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 
 
 def common_prefix_len(a, b) -> int:

@@ -1,4 +1,4 @@
-"""Agent messages (SPEC §5-§7): CreateAgent, DestroyAgent, SendMessage, Cancel,
+"""Agent messages (docs/workflow.md): CreateAgent, DestroyAgent, SendMessage, Cancel,
 ChangeAgentParam, UpdateAgentVariables, GetAgentVariables.
 
 CreateAgent runs on the session's lane (it compiles the graph, checks models on disk and
@@ -13,10 +13,10 @@ import logging
 from tryll_fast import codec
 from tryll_fast.models import ModelError
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.server.logs import fields
 from tryll_fast.workflow import kv
-from tryll_fast.workflow.agent import IDLE, KV_OPERATION, PAUSED, RUNNING, Agent
+from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.graph import CompileContext, check_change, compile_graph
 from tryll_fast.workflow.nodes import TYPES
 from tryll_fast.workflow.turn import Turn
@@ -40,16 +40,16 @@ def model_resolver(server, code: int, cache: dict | None = None):
             return cache[name]
         entry = catalog.get(name)
         if entry is None:
-            raise RequestError(code, f"{where}: model {name!r} is not in the model catalog "
+            raise TryllError(code, f"{where}: model {name!r} is not in the model catalog "
                                      f"(language models: {_llm_names(catalog)})")
         if entry.role != "llm":
-            raise RequestError(code, f"{where}: model {name!r} is a {entry.role} model; this "
+            raise TryllError(code, f"{where}: model {name!r} is a {entry.role} model; this "
                                      "node needs a language model")
         if entry.engine not in server.models.loaders:
-            raise RequestError(code, f"{where}: model {name!r} runs on {entry.engine}, which "
+            raise TryllError(code, f"{where}: model {name!r} runs on {entry.engine}, which "
                                      "this server build does not have")
         if not server.models.store.is_downloaded(name):
-            raise RequestError(code, f"{where}: model {name!r} is not downloaded; download it "
+            raise TryllError(code, f"{where}: model {name!r} is not downloaded; download it "
                                      "first (DownloadModelRequest): CreateAgent never downloads")
         result = (entry, min(entry.context_size or cap_limit, cap_limit))
         if cache is not None:
@@ -67,17 +67,11 @@ def agent_of(session, agent_id: int) -> Agent:
     agent = session.agents.get(agent_id)
     if agent is None:
         if agent_id in session.destroyed_agents:
-            raise RequestError(ErrorCode.AgentAlreadyDestroyed,
+            raise TryllError(ErrorCode.AgentAlreadyDestroyed,
                                f"agent {agent_id} was destroyed")
-        raise RequestError(ErrorCode.InvalidAgentId,
+        raise TryllError(ErrorCode.InvalidAgentId,
                            f"agent_id {agent_id} names no agent of this session")
     return agent
-
-
-def _busy(agent: Agent, what: str) -> RequestError:
-    doing = {RUNNING: "running a turn", PAUSED: "paused in a turn",
-             KV_OPERATION: "in a KV-cache operation"}.get(agent.state, agent.state)
-    return RequestError(ErrorCode.AgentBusy, f"agent {agent.id} is {doing}: {what}")
 
 
 @handles("CreateAgentRequest")
@@ -86,15 +80,15 @@ def create_agent(session, req):
     rid = req.request_id
     limit = server.config.workflow_max_agents_per_session
     if len(session.agents) >= limit:
-        raise RequestError(ErrorCode.GraphCompilationFailed,
+        raise TryllError(ErrorCode.GraphCompilationFailed,
                            f"the session already has {len(session.agents)} agents, the most "
                            "workflow.max_agents_per_session allows")
     if req.kv_cache_initialization not in _KV_INIT:
-        raise RequestError(ErrorCode.GraphCompilationFailed,
+        raise TryllError(ErrorCode.GraphCompilationFailed,
                            f"kv_cache_initialization {int(req.kv_cache_initialization)} is not "
                            "a KvCacheInitialization (0..2)")
     if req.workload not in _WORKLOAD:
-        raise RequestError(ErrorCode.GraphCompilationFailed,
+        raise TryllError(ErrorCode.GraphCompilationFailed,
                            f"workload {int(req.workload)} is not an AgentWorkload (0..1)")
     session.run_blocking(rid, "CreateAgentRequest", lambda: _create(session, req))
 
@@ -122,7 +116,7 @@ def _create(session, req):
             prefill = {"contexts": report.contexts_created, "tokens": report.tokens_decoded}
     except ModelError as exc:
         agent.release()
-        raise RequestError(ErrorCode.GraphCompilationFailed,
+        raise TryllError(ErrorCode.GraphCompilationFailed,
                            f"a model of the graph cannot be loaded: {exc.message}") from None
     except BaseException:
         agent.release()
@@ -147,14 +141,13 @@ def destroy_agent(session, req):
 def send_message(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        if agent.state != IDLE:
-            raise _busy(agent, "one turn at a time; wait for its TurnComplete")
-        agent.state = RUNNING
+        agent.admit("SendMessageRequest", "one turn at a time; wait for its TurnComplete")
         holder = {}
         op = session.begin_operation(
             "turn", f"agent {agent.id}",
             lambda: holder["turn"].cancel(codec.CancelMode.StopAndDiscard))
-        turn = holder["turn"] = agent.turn = Turn(agent, req.request_id, req.text, op)
+        turn = holder["turn"] = Turn(agent, req.request_id, req.text, op)
+        agent.begin_turn(turn)
     agent.runtime.spawn(turn.run())
     return None
 
@@ -167,15 +160,11 @@ MAX_RESULTS_CHARS = 262144
 def resume_agent(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
+        agent.admit("ResumeAgentRequest")
         turn = agent.turn
-        paused = turn.paused if turn is not None and agent.state == PAUSED else None
-        if paused is None:
-            doing = {RUNNING: "running a turn", KV_OPERATION: "in a KV-cache operation"}.get(
-                agent.state, "idle")
-            raise RequestError(ErrorCode.AgentNotPaused,
-                               f"agent {agent.id} is {doing}, not paused: nothing to resume")
+        paused = turn.paused
         if req.resume_node and req.resume_node not in agent.graph.nodes:
-            raise RequestError(ErrorCode.UnknownNode,
+            raise TryllError(ErrorCode.UnknownNode,
                                f"resume_node {req.resume_node!r} is not a node of agent "
                                f"{agent.id} (the turn stays paused)")
         results = _check_tool_results(paused, list(req.tool_results))
@@ -185,8 +174,8 @@ def resume_agent(session, req):
 
 def _check_tool_results(paused, results) -> dict[str, str]:
     """The whole batch, or 3016 InvalidToolResults (the turn stays paused for a retry)."""
-    def bad(problem: str) -> RequestError:
-        return RequestError(ErrorCode.InvalidToolResults, f"tool_results: {problem} (the turn "
+    def bad(problem: str) -> TryllError:
+        return TryllError(ErrorCode.InvalidToolResults, f"tool_results: {problem} (the turn "
                                                           "stays paused)")
 
     pending = {c.extra["call_id"]: c for c in paused.await_calls}
@@ -222,10 +211,10 @@ def _check_tool_results(paused, results) -> dict[str, str]:
 def cancel(session, req):
     agent = agent_of(session, req.agent_id)
     if req.mode not in _CANCEL:
-        raise RequestError(ErrorCode.InvalidParamValue,
+        raise TryllError(ErrorCode.InvalidParamValue,
                            f"mode {int(req.mode)} is not a CancelMode (0..1)")
     with agent.lock:
-        turn = agent.turn if agent.state in (RUNNING, PAUSED) else None
+        turn = agent.turn
     if turn is not None:
         turn.cancel(int(req.mode))
     return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
@@ -236,12 +225,11 @@ def change_agent_param(session, req):
     agent = agent_of(session, req.agent_id)
     node = agent.graph.nodes.get(req.node_name)
     if node is None:
-        raise RequestError(ErrorCode.UnknownNode,
+        raise TryllError(ErrorCode.UnknownNode,
                            f"agent {agent.id} has no node {req.node_name!r} (nodes: "
                            f"{', '.join(agent.graph.nodes)})")
     with agent.lock:
-        if agent.state in (RUNNING, KV_OPERATION):
-            raise _busy(agent, "params change only while idle or paused")
+        agent.admit("ChangeAgentParamRequest", "params change only while idle or paused")
         ctx = CompileContext(node_names=frozenset(agent.graph.nodes),
                              default_model=agent.default_model, variables=agent.variables,
                              resolve_model=model_resolver(session.server,
@@ -257,8 +245,8 @@ def change_agent_param(session, req):
 def update_variables(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        if agent.state in (RUNNING, KV_OPERATION):
-            raise _busy(agent, "variables change only while idle or paused")
+        agent.admit("UpdateAgentVariablesRequest",
+                    "variables change only while idle or paused")
         agent.variables.apply(req.updates)
     return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
 

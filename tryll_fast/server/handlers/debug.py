@@ -1,4 +1,4 @@
-"""DebugCommandRequest: the development-only diagnostic channel (seed 000).
+"""DebugCommandRequest: the development-only diagnostic channel (docs/protocol.md).
 
 Served only when the server runs with `--dev` (else 3026 DebugCommandsDisabled). An unknown
 command or bad arguments get 3027 UnknownDebugCommand with the usage. Commands:
@@ -31,9 +31,8 @@ import threading
 import time
 
 from tryll_fast import codec
-from tryll_fast.models import ModelError
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 
 log = logging.getLogger("tryll_fast.server.debug")
 
@@ -53,8 +52,8 @@ USAGE = {
 }
 
 
-def _usage_error(command: str, problem: str) -> RequestError:
-    return RequestError(ErrorCode.UnknownDebugCommand,
+def _usage_error(command: str, problem: str) -> TryllError:
+    return TryllError(ErrorCode.UnknownDebugCommand,
                         f"debug {command}: {problem}; usage: {USAGE[command]}")
 
 
@@ -71,7 +70,7 @@ def _int_arg(command: str, args: list[str], index: int, name: str, low: int, hig
 @handles("DebugCommandRequest")
 def debug_command(session, req):
     if not session.server.config.dev:
-        raise RequestError(ErrorCode.DebugCommandsDisabled,
+        raise TryllError(ErrorCode.DebugCommandsDisabled,
                            "DebugCommandRequest is served only by a server started with --dev")
     rid = req.request_id
     command = req.command
@@ -108,7 +107,7 @@ def debug_command(session, req):
         return None
     if command == "raise":
         raise RuntimeError("debug raise: a deliberate failure inside a handler")
-    raise RequestError(ErrorCode.UnknownDebugCommand,
+    raise TryllError(ErrorCode.UnknownDebugCommand,
                        f"unknown debug command {command!r} (commands: {', '.join(USAGE)})")
 
 
@@ -195,7 +194,7 @@ def _start_generate(session, rid: int, model: str, max_tokens: int, prompt: str)
     def start() -> None:
         try:
             if op.cancelled:
-                raise RequestError(ErrorCode.ServerShuttingDown, "debug generate cancelled")
+                raise TryllError(ErrorCode.ServerShuttingDown, "debug generate cancelled")
             lease = server.models.lease(model)
         except Exception as exc:
             _fail(exc)
@@ -234,12 +233,9 @@ def _start_generate(session, rid: int, model: str, max_tokens: int, prompt: str)
 
     def _fail(exc: Exception) -> None:
         try:
-            if isinstance(exc, RequestError):
-                session.send_error(rid, exc.code, exc.message)
-            elif isinstance(exc, ModelError):
-                session.send_error(rid, int(exc.code), exc.message)
-            else:
-                session.send_error(rid, ErrorCode.InferenceFailed, f"debug generate: {exc}")
+            if not isinstance(exc, TryllError):
+                exc = TryllError(ErrorCode.InferenceFailed, f"debug generate: {exc}")
+            session.fail(rid, exc)
         finally:
             op.finish()
 

@@ -1,4 +1,4 @@
-"""The dialog lifecycle (SPEC §7): AppendInteractions, RemoveInteractionsFromEnd,
+"""The dialog lifecycle (docs/workflow.md): AppendInteractions, RemoveInteractionsFromEnd,
 ExportDialog / ImportDialog, SaveDialog / LoadDialog, and the KV-cache requests
 PrefillAgentKvCache, EvictAgentKvCache, GetAgentKvCacheStatus.
 
@@ -14,22 +14,16 @@ from __future__ import annotations
 import logging
 
 from tryll_fast import codec
-from tryll_fast.engines.llama.errors import EngineError
+from tryll_fast.engines.errors import EngineError
 from tryll_fast.server import saves
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
-from tryll_fast.server.handlers.agents import _busy, agent_of
+from tryll_fast.errors import ErrorCode, TryllError
+from tryll_fast.server.handlers.agents import agent_of
 from tryll_fast.server.logs import fields
 from tryll_fast.workflow import kv, snapshot
-from tryll_fast.workflow.agent import IDLE, KV_OPERATION
 from tryll_fast.workflow.dialog import now_ms
 
 log = logging.getLogger("tryll_fast.server.dialogs")
-
-
-def _check_idle(agent, what: str) -> None:
-    if agent.state != IDLE:
-        raise _busy(agent, f"{what} only while idle")
 
 
 # ---- edits ----
@@ -38,7 +32,7 @@ def _check_idle(agent, what: str) -> None:
 def append_interactions(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        _check_idle(agent, "dialog edits")
+        agent.admit("AppendInteractionsRequest", "dialog edits only while idle")
         n = 0
         for pair in req.interactions:
             if pair.user_message or pair.assistant_message:
@@ -52,7 +46,7 @@ def append_interactions(session, req):
 def remove_interactions(session, req):
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        _check_idle(agent, "dialog edits")
+        agent.admit("RemoveInteractionsFromEndRequest", "dialog edits only while idle")
         n = agent.dialog.remove_from_end(req.count)
     return codec.RemoveInteractionsFromEndResponse(request_id=req.request_id,
                                                    agent_id=agent.id, removed_count=n)
@@ -60,17 +54,17 @@ def remove_interactions(session, req):
 
 # ---- snapshots ----
 
-def _finished_interactions(agent, what: str) -> list:
+def _finished_interactions(agent, request: str) -> list:
     with agent.lock:
-        _check_idle(agent, what)
+        agent.admit(request, f"{request[:-7]} only while idle")
         return list(agent.dialog.interactions)
 
 
-def _apply(agent, parsed, compatibility: int, locale: str, what: str) -> list[str]:
+def _apply(agent, parsed, compatibility: int, locale: str, request: str) -> list[str]:
     """Swap the dialog in under the lock (3004 if a turn started meanwhile)."""
     warnings = snapshot.check_graph(parsed, agent.graph, compatibility, locale)
     with agent.lock:
-        _check_idle(agent, what)
+        agent.admit(request, f"{request[:-7]} only while idle")
         agent.dialog.replace(parsed.interactions)
     return warnings
 
@@ -78,7 +72,7 @@ def _apply(agent, parsed, compatibility: int, locale: str, what: str) -> list[st
 @handles("ExportDialogRequest")
 def export_dialog(session, req):
     agent = agent_of(session, req.agent_id)
-    interactions = _finished_interactions(agent, "ExportDialog")
+    interactions = _finished_interactions(agent, "ExportDialogRequest")
 
     def run():
         data = snapshot.encode(interactions, agent.graph, session.locale)
@@ -87,7 +81,7 @@ def export_dialog(session, req):
         try:
             codec.encode(reply)
         except codec.FrameTooLarge:
-            raise RequestError(ErrorCode.DialogSnapshotTooLarge,
+            raise TryllError(ErrorCode.DialogSnapshotTooLarge,
                                f"the snapshot has {len(data)} bytes: with the response "
                                "around it, it does not fit in one 1 MiB frame") from None
         return reply
@@ -98,13 +92,13 @@ def export_dialog(session, req):
 @handles("ImportDialogRequest")
 def import_dialog(session, req):
     agent = agent_of(session, req.agent_id)
-    _finished_interactions(agent, "ImportDialog")     # refuse a busy agent before decoding
+    _finished_interactions(agent, "ImportDialogRequest")     # refuse a busy agent before decoding
     data = bytes(req.snapshot)
 
     def run():
         parsed = snapshot.parse(data)
         warnings = _apply(agent, parsed, int(req.compatibility), session.locale,
-                          "ImportDialog")
+                          "ImportDialogRequest")
         return codec.ImportDialogResponse(request_id=req.request_id, agent_id=agent.id,
                                           interaction_count=len(parsed.interactions),
                                           warnings=warnings)
@@ -116,7 +110,7 @@ def import_dialog(session, req):
 def save_dialog(session, req):
     agent = agent_of(session, req.agent_id)
     path = saves.dialog_path(session.server.config.storage_root, req.save_id)
-    interactions = _finished_interactions(agent, "SaveDialog")
+    interactions = _finished_interactions(agent, "SaveDialogRequest")
 
     def run():
         data = snapshot.encode(interactions, agent.graph, session.locale)
@@ -134,14 +128,14 @@ def save_dialog(session, req):
 def load_dialog(session, req):
     agent = agent_of(session, req.agent_id)
     path = saves.dialog_path(session.server.config.storage_root, req.save_id)
-    _finished_interactions(agent, "LoadDialog")
+    _finished_interactions(agent, "LoadDialogRequest")
 
     def run():
         data = saves.read_limited(path, snapshot.MAX_SNAPSHOT_BYTES,
                                   f"LoadDialog {req.save_id!r}")
         parsed = snapshot.parse(data)
         warnings = _apply(agent, parsed, int(req.compatibility), session.locale,
-                          "LoadDialog")
+                          "LoadDialogRequest")
         return codec.LoadDialogResponse(request_id=req.request_id, agent_id=agent.id,
                                         save_id=req.save_id,
                                         interaction_count=len(parsed.interactions),
@@ -155,21 +149,18 @@ def load_dialog(session, req):
 def _kv_request(session, req, name: str, operation, reply) -> None:
     agent = agent_of(session, req.agent_id)
     with agent.lock:
-        _check_idle(agent, "KV-cache operations")
-        agent.state = KV_OPERATION
-        agent.kv_job_done.clear()
+        agent.admit(name, "KV-cache operations only while idle")
+        agent.begin_kv_operation()
 
     def run():
         try:
             report = operation(agent)
         except EngineError as exc:
-            raise RequestError(ErrorCode.InferenceFailed,
+            raise TryllError(ErrorCode.InferenceFailed,
                                f"{name} of agent {agent.id}: {exc}") from None
         finally:
             with agent.lock:
-                if agent.state == KV_OPERATION:
-                    agent.state = IDLE
-            agent.kv_job_done.set()
+                agent.end_kv_operation()
         common = dict(request_id=req.request_id, agent_id=agent.id,
                       applicable=report.applicable, residency=report.residency,
                       prefix_status=report.prefix_status,
@@ -181,9 +172,7 @@ def _kv_request(session, req, name: str, operation, reply) -> None:
         session.run_blocking(req.request_id, name, run)
     except BaseException:
         with agent.lock:
-            if agent.state == KV_OPERATION:
-                agent.state = IDLE
-        agent.kv_job_done.set()
+            agent.end_kv_operation()
         raise
 
 

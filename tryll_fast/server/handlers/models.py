@@ -1,4 +1,4 @@
-"""Model messages (SPEC §9): ListModels, DownloadModel, LoadModel, UnloadModel, DeleteModel,
+"""Model messages (docs/protocol.md): ListModels, DownloadModel, LoadModel, UnloadModel, DeleteModel,
 GetMemoryConsumption. Model requests are server-wide: every catalog entry names its engine.
 
 All of them touch the disk or an engine, so they run on the session's lane (LoadModel then
@@ -13,30 +13,27 @@ import threading
 import time
 
 from tryll_fast import codec
-from tryll_fast.models import ModelDownloadError, ModelEntry, ModelStatus
+from tryll_fast.models import DownloadError, ModelEntry, ModelStatus
+from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.server import memory
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.server.logs import fields
 
 log = logging.getLogger("tryll_fast.server.models")
 
 PROGRESS_INTERVAL_S = 0.1
 
-ENGINE_KINDS = {
-    "llama-cpp": codec.InferenceEngine.LlamaCpp,
-    "sherpa-onnx": codec.InferenceEngine.SherpaOnnx,
-    "mock": codec.InferenceEngine.Mock,
-    "faster-whisper": codec.InferenceEngine.FasterWhisper,
-}
+# catalog engine name -> its InferenceEngine on the wire
+ENGINE_KINDS = {name: codec.InferenceEngine(v) for name, v in ENGINE_WIRE_VALUES.items()}
 
 
 def _entry(server, name: str, field: str = "model_name") -> ModelEntry:
     if not name:
-        raise RequestError(ErrorCode.DownloadNotAvailable, f"{field} is empty")
+        raise TryllError(ErrorCode.DownloadNotAvailable, f"{field} is empty")
     entry = server.catalog.get(name)
     if entry is None:
-        raise RequestError(ErrorCode.DownloadNotAvailable,
+        raise TryllError(ErrorCode.DownloadNotAvailable,
                            f"{field}: {name!r} is not in the model catalog "
                            f"(known: {', '.join(e.name for e in server.catalog.visible())})")
     return entry
@@ -123,10 +120,10 @@ def download_model(session, req):
                 _entry(server, name)
                 already = store.is_downloaded(name)
                 store.fetch(name, progress=progress, cancel=cancel)
-            except RequestError as exc:
+            except TryllError as exc:
                 complete(False, int(exc.code), exc.message)
                 return
-            except ModelDownloadError as exc:
+            except DownloadError as exc:
                 log.info("download failed", extra=fields(model=name, session=session.id,
                                                          code=int(exc.code), error=exc.message))
                 complete(False, int(exc.code), exc.message)
@@ -151,7 +148,7 @@ def download_model(session, req):
         server.downloads.submit(run)
     except RuntimeError:            # the pool is shut down: the server is stopping
         op.finish()
-        raise RequestError(ErrorCode.ServerShuttingDown,
+        raise TryllError(ErrorCode.ServerShuttingDown,
                            "DownloadModelRequest refused: the server is shutting down") from None
 
 

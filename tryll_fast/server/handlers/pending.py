@@ -8,7 +8,7 @@ forget: it never gets a reply, so without voice input it is dropped.
 from __future__ import annotations
 
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 
 FEATURES = {
     "voice (speech output and voice input)": (
@@ -30,7 +30,7 @@ _ENDS_WORK = {"DestroyVoiceInputRequest", "CancelUtteranceRequest"}
 
 def _unavailable(name: str, feature: str):
     def handler(session, req):
-        raise RequestError(ErrorCode.FeatureNotAvailable,
+        raise TryllError(ErrorCode.FeatureNotAvailable,
                            f"{name} needs {feature}, which this server build does not include "
                            "yet")
     handler.__name__ = handler.__qualname__ = f"unavailable_{name}"

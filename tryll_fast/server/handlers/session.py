@@ -1,4 +1,4 @@
-"""CreateSession, SetSessionLocale, SetInferenceThrottle (SPEC §2, §9)."""
+"""CreateSession, SetSessionLocale, SetInferenceThrottle (docs/protocol.md)."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +8,7 @@ import langcodes
 
 from tryll_fast import codec
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.server.logs import fields
 
 log = logging.getLogger("tryll_fast.server.session")
@@ -25,7 +25,7 @@ def check_locale(tag: str, field: str = "locale") -> str:
         return ""
     problem = _locale_problem(tag)
     if problem:
-        raise RequestError(ErrorCode.InvalidLocale, f"{field}: {problem}")
+        raise TryllError(ErrorCode.InvalidLocale, f"{field}: {problem}")
     return tag
 
 
@@ -47,7 +47,7 @@ def _locale_problem(tag: str) -> str:
 @handles("CreateSessionRequest", before_session="serve")
 def create_session(session, req):
     if session.created:
-        raise RequestError(ErrorCode.SessionAlreadyExists,
+        raise TryllError(ErrorCode.SessionAlreadyExists,
                            f"this connection already has session {session.id}: "
                            "CreateSessionRequest is one-shot")
     locale = check_locale(req.locale)
@@ -57,17 +57,17 @@ def create_session(session, req):
     if config is not None:
         for i, hint in enumerate(config.engines):
             if hint.role not in _ROLES:
-                raise RequestError(ErrorCode.InvalidEngineSet,
+                raise TryllError(ErrorCode.InvalidEngineSet,
                                    f"model_config.engines[{i}].role: {hint.role} is not a "
                                    f"ModelRole (0..{max(_ROLES)})")
             if hint.engine not in _ENGINES:
-                raise RequestError(ErrorCode.InvalidEngineSet,
+                raise TryllError(ErrorCode.InvalidEngineSet,
                                    f"model_config.engines[{i}].engine: {hint.engine} is not an "
                                    f"InferenceEngine (0..{max(_ENGINES)})")
             hints.append((int(hint.role), int(hint.engine)))
         for i, hint in enumerate(config.placement_hints):
             if hint.placement not in _PLACEMENTS:
-                raise RequestError(ErrorCode.InvalidEngineSet,
+                raise TryllError(ErrorCode.InvalidEngineSet,
                                    f"model_config.placement_hints[{i}].placement: "
                                    f"{hint.placement} is not a MemoryPlacement "
                                    f"(0..{max(_PLACEMENTS)})")
@@ -95,7 +95,7 @@ def set_session_locale(session, req):
 def set_inference_throttle(session, msg):
     value = session.server.throttle.clamp(msg.throttle)
     if value is None:
-        return None          # non-finite: ignored, never an error (seed 000)
+        return None          # non-finite: ignored, never an error (docs/protocol.md)
     session.throttle = value
     session.server.throttle.set(session.id, value)
     return None

@@ -1,4 +1,4 @@
-"""CannedResponse: a scripted line, no model (SPEC §5).
+"""CannedResponse: a scripted line, no model (docs/workflow.md).
 
 Sends one AnswerText (is_delta = false, is_final = true) with the chosen line and appends
 it as the reply. The line comes from the inline `lines` (v29); `selection_strategy`:
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 
 Strategy = codec.CannedResponseSelectionStrategy
@@ -31,7 +31,7 @@ class CannedResponseNode(NodeType):
                                              "is not a CannedResponseSelectionStrategy (0..3)")
         lines = tuple(line.text for line in p.lines)
         if not lines and p.string_storage:
-            raise RequestError(ErrorCode.FeatureNotAvailable,
+            raise TryllError(ErrorCode.FeatureNotAvailable,
                                f"node {name!r}: string_storage {p.string_storage!r} needs "
                                "string storages (the knowledge feature), not in this server "
                                "build yet; use inline lines")

@@ -1,4 +1,4 @@
-"""Generate: the language model on the projected dialog; appends the reply (SPEC §5, §6).
+"""Generate: the language model on the projected dialog; appends the reply (docs/workflow.md).
 
 - model_name empty = the agent's default; context_size 0 = the model's window;
 - system_prompt pinned first; `template` (Mustache) rendered each run and placed by
@@ -14,7 +14,7 @@ refused at creation rather than run without them.
 from __future__ import annotations
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.dialog import USER_SLOT
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow import templates
@@ -36,12 +36,12 @@ def check_slot(name: str, slot: str, ctx: CompileContext) -> str:
 def check_unsupported(name: str, params) -> None:
     ctx_over = params.context
     if ctx_over is not None and ctx_over.to_dict() != codec.ContextOverrides().to_dict():
-        raise RequestError(ErrorCode.FeatureNotAvailable,
+        raise TryllError(ErrorCode.FeatureNotAvailable,
                            f"node {name!r}: per-node context overrides are not in this server "
                            "build (every agent shares one llama.cpp context per model)")
     adaptation = params.adaptation
     if adaptation is not None and len(adaptation.loras):
-        raise RequestError(ErrorCode.FeatureNotAvailable,
+        raise TryllError(ErrorCode.FeatureNotAvailable,
                            f"node {name!r}: LoRA adaptation is not in this server build yet")
 
 

@@ -1,4 +1,4 @@
-"""HumanMessageGuardrail: pure routing on the player's message (SPEC §5).
+"""HumanMessageGuardrail: pure routing on the player's message (docs/workflow.md).
 
 Exits triggered when any pattern matches anywhere in the message (case-insensitive
 search), else not_triggered. Patterns are compiled with the `regex` module at creation (a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import regex
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, RequestError
+from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 
 MAX_PATTERNS = 1024
@@ -24,7 +24,7 @@ class GuardrailNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         if p.string_storage:
-            raise RequestError(ErrorCode.FeatureNotAvailable,
+            raise TryllError(ErrorCode.FeatureNotAvailable,
                                f"node {name!r}: string_storage {p.string_storage!r} needs "
                                "string storages (the knowledge feature), not in this server "
                                "build yet; use inline_strings")

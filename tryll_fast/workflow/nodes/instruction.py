@@ -1,4 +1,4 @@
-"""Instruction: attaches {name, text} to the turn (SPEC §5). A later Generate template reads
+"""Instruction: attaches {name, text} to the turn (docs/workflow.md). A later Generate template reads
 it as `{{instruction_<name>}}` or in `{{#instructions}}{{name}}: {{text}}{{/instructions}}`.
 The text is Mustache, rendered when the node runs; the name defaults to the node's name.
 It is kept in the interaction (hidden from later prompts) so an exported dialog has it.

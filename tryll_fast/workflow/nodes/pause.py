@@ -1,4 +1,4 @@
-"""Pause: a no-op checkpoint; the turn always pauses right after it (seed 004).
+"""Pause: a no-op checkpoint; the turn always pauses right after it (docs/workflow.md).
 
 While paused the game may ChangeAgentParam and UpdateAgentVariables, then
 ResumeAgentRequest continues via default_exit (or jumps to a named node). pause_timeout_ms

@@ -1,15 +1,15 @@
-"""ToolCall: detects whether the model wants to call one of `tools` (seed 003 in full).
+"""ToolCall: detects whether the model wants to call one of `tools` (docs/workflow.md).
 
 The tools go into the prompt the way the model's chat template expects (its `tools`
 variable, or a block in the system message when the template has no tool support; either
 way inside the shared prefix). Generation is grammar-constrained: RequireCall from the first
 token, CallOrAnswer and DetectOnly lazily, from the call marker on (prose is free). The
-output is parsed into calls or a classified failure (engines/llama/tools.py).
+output is parsed into calls or a classified failure (prompting/tools.py).
 
 Call ids are c%08x, counted per interaction (not per node run, unlike the original), so a
 second pass through the same node in one turn never reuses an id.
 
-What a detected call does, by disposition (seed 003):
+What a detected call does, by disposition (the ToolCall reference, docs/workflow.md):
     disposition            event  pause  history
     RouteOnly              no     no     omitted
     Acknowledge (default)  no     no     synthetic result (acknowledge_text, empty = "ok")
@@ -28,15 +28,15 @@ RequireCall drop it.
 from __future__ import annotations
 
 from tryll_fast import codec
-from tryll_fast.engines.llama.tools import CallIds, ToolSet, mode_name, normalize_tools
+from tryll_fast.prompting.tools import CallIds, ToolSet, mode_name, normalize_tools
 from tryll_fast.workflow.dialog import Component
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow.nodes.generate import check_slot, check_unsupported
 from tryll_fast.workflow.nodes.llm import compile_llm
 
 Disp = codec.ToolCallDisposition
-DEFAULT_CONTEXT = 2048          # seed 003: 0 means 2048, never the model's window
-DEFAULT_MAX_TOKENS = 758        # seed 003: when the model sets none
+DEFAULT_CONTEXT = 2048          # the ToolCall reference: 0 means 2048, never the model's window
+DEFAULT_MAX_TOKENS = 758        # the ToolCall reference: when the model sets none
 
 DISPOSITION_NAMES = {
     Disp.RouteOnly: "route_only", Disp.Acknowledge: "acknowledge", Disp.Notify: "notify",
@@ -150,8 +150,8 @@ class ToolCallNode(NodeType):
 
 
 def _parameters(x: dict, ts: ToolSet, p, spec) -> dict:
-    """The `parameters.*` keys of seed 003's diagnostics."""
-    from tryll_fast.engines.llama.tools import tool_signature_lines
+    """The `parameters.*` keys of the ToolCall reference's diagnostics."""
+    from tryll_fast.prompting.tools import tool_signature_lines
     out = {"model_name": spec.model, "tool_count": len(x["specs"]),
            "tools": tool_signature_lines(x["specs"]), "mode": x["mode"],
            "parallel_tool_calls": x["parallel"],

@@ -2,12 +2,16 @@
 
 Every llama.cpp call that can GGML_ASSERT (and so kill the whole server, every
 session with it) is checked in Python first; the check raises one of these,
-naming the offending value and the limit it broke.
+naming the offending value and the limit it broke. They are protocol errors like any
+other (tryll_fast.errors): a failure under a turn is 4001 InferenceFailed, a model that
+cannot be loaded 6007 ModelResolutionFailed.
 """
+from tryll_fast.errors import ErrorCode, TryllError
 
 
-class EngineError(Exception):
+class EngineError(TryllError):
     """Base of every error the engine raises on purpose."""
+    code = ErrorCode.InferenceFailed
 
 
 class InvalidRequest(EngineError, ValueError):
@@ -20,6 +24,7 @@ class EngineClosed(EngineError, RuntimeError):
 
 class ModelLoadError(EngineError, RuntimeError):
     """llama.cpp could not load the model or create the context."""
+    code = ErrorCode.ModelResolutionFailed
 
 
 class DecodeError(EngineError, RuntimeError):

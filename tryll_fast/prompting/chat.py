@@ -23,7 +23,6 @@ Also here: per-message token counts (`message_spans`) and the stable prefix
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import json
 import os
@@ -320,44 +319,10 @@ class ChatFormatter:
                                  origin=os.fspath(path))
 
     @classmethod
-    def from_llama_model(cls, model: Any, *, template: str | None = None) -> ChatFormatter:
-        """The formatter for a model already loaded by llama.cpp: a `llama_model`
-        pointer or an object with `.handle`. Reads the metadata with
-        `llama_model_meta_val_str` and the BOS/EOS text from the vocabulary."""
-        import llama_cpp.llama_cpp as C
-
-        handle = getattr(model, "handle", model)
-
-        def meta_str(key: str) -> str | None:
-            size = 4096
-            while True:
-                buf = ctypes.create_string_buffer(size)
-                n = C.llama_model_meta_val_str(handle, key.encode(), buf, size)
-                if n < 0:
-                    return None
-                if n < size:
-                    return buf.value.decode("utf-8", "replace")
-                size = n + 1
-
-        vocab = C.llama_model_get_vocab(handle)
-        meta: dict[str, Any] = {}
-        for key in ("tokenizer.chat_template", "general.architecture", "general.name"):
-            v = meta_str(key)
-            if v is not None:
-                meta[key] = v
-        for key, fn in (("tokenizer.ggml.bos_token", C.llama_vocab_bos),
-                        ("tokenizer.ggml.eos_token", C.llama_vocab_eos)):
-            tok = fn(vocab)
-            if tok >= 0:
-                meta[key] = (C.llama_vocab_get_text(vocab, tok) or b"").decode("utf-8", "replace")
-        meta["tokenizer.ggml.add_bos_token"] = bool(C.llama_vocab_get_add_bos(vocab))
-        return cls.from_metadata(meta, template=template)
-
-    @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], *, template: str | None = None,
                       origin: str = "") -> ChatFormatter:
-        """The formatter for GGUF metadata (as `read_gguf_metadata` or
-        `llama_model_meta_val_str` give it). `template` overrides the metadata."""
+        """The formatter for GGUF metadata (as `read_gguf_metadata` gives it, or an engine
+        reads it from a loaded model). `template` overrides the metadata."""
         bos = meta.get("tokenizer.ggml.bos_token", "") or ""
         eos = meta.get("tokenizer.ggml.eos_token", "") or ""
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
@@ -376,7 +341,7 @@ class ChatFormatter:
         raise ChatTemplateError(
             f"model {name or origin or '?'!r} (architecture {arch or '?'!r}) has no "
             "tokenizer.chat_template in its GGUF metadata and no entry in "
-            "tryll_fast.engines.llama.chat.FALLBACK_TEMPLATES; add one there or pass "
+            "tryll_fast.prompting.chat.FALLBACK_TEMPLATES; add one there or pass "
             "template= explicitly (no silent llama-2 fallback)")
 
     # ---- rendering

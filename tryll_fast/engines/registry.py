@@ -1,0 +1,64 @@
+"""The engines this build runs: for each catalog engine name, the roles it implements, the
+loader that makes an instance for a catalog entry, and its backend warm-up.
+
+The model manager loads every entry through `loaders()` (an entry whose engine is not here
+is 6008 EngineNotAvailable); the server warms backends named by a session's engine hints
+through `warm()`. An engine package registers itself by adding an `EngineSpec` to ENGINES;
+nothing above the engines imports an engine package directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+# loader(entry, path, options) -> the loaded object; it must have close(), may have memory().
+Loader = Callable[[Any, Path, Mapping[str, Any]], Any]
+
+# llama-cpp's default cap on an entry's context_size (its KV cache: n_ctx cells shared by
+# every sequence); engine_options["llama-cpp"]["max_n_ctx"] overrides it.
+DEFAULT_MAX_N_CTX = 4096
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str                       # as the catalog spells it ("llama-cpp")
+    roles: frozenset[str]           # catalog roles it implements (engines/roles.py)
+    load: Loader
+    warm: Callable[[], None]        # initialise the backend ahead of the first load
+
+
+def _load_llama(entry, path: Path, options: Mapping[str, Any]):
+    opts = dict(options)
+    cap = int(opts.pop("max_n_ctx", DEFAULT_MAX_N_CTX))
+    if entry.role == "embedding":
+        from tryll_fast.engines.llama.embeddings import Embedder
+        return Embedder(str(path), **{k: v for k, v in opts.items() if k == "n_threads"})
+    from tryll_fast.engines.llama.engine import LlamaEngine
+    n_ctx = min(entry.context_size or cap, cap)
+    return LlamaEngine(str(path), n_ctx=n_ctx, **opts)
+
+
+def _warm_llama() -> None:
+    from tryll_fast.engines.llama.model import init_backend
+    init_backend()
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "llama-cpp": EngineSpec("llama-cpp", frozenset({"llm", "embedding"}), _load_llama,
+                            _warm_llama),
+}
+
+
+def loaders() -> dict[str, Loader]:
+    """Engine name -> loader, for the model manager."""
+    return {name: spec.load for name, spec in ENGINES.items()}
+
+
+def warm(engine: str) -> bool:
+    """Initialise `engine`'s backend now; False if this build does not run it."""
+    spec = ENGINES.get(engine)
+    if spec is None:
+        return False
+    spec.warm()
+    return True

@@ -1,0 +1,183 @@
+"""The engine roles: what the workflow and the handlers may ask of an engine, whichever
+library runs it, and the engine-neutral values they ask with.
+
+A catalog entry names its engine and its role (models/catalog.py); engines/registry.py maps
+an engine name to the roles it implements and the loader that makes an instance. The
+workflow depends on these interfaces only; llama.cpp (engines/llama) implements two of them,
+LanguageModel and Embeddings. The voice and knowledge engines add theirs beside it.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from tryll_fast.engines.errors import InvalidRequest
+
+
+class Priority(enum.IntEnum):
+    """Queue class: Interactive requests are admitted (and, under throttle, stepped) first."""
+    INTERACTIVE = 0
+    BACKGROUND = 1
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended."""
+    STOP = "stop"            # end-of-generation token, stop string, or grammar end
+    LENGTH = "length"        # max_tokens (0 for a prefill) or the context end
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler. temperature <= 0 means greedy."""
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0            # 0 = off
+    top_p: float = 1.0        # 1 = off
+    min_p: float = 0.0        # 0 = off
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    grammar: str | None = None  # GBNF text with a `root` rule
+    # Lazy grammar: free text until one of these regexes (std::regex, full match of the
+    # text so far) matches; the grammar then applies from the pattern's first capture group.
+    grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False    # ban end-of-generation tokens: exactly max_tokens
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
+
+    def validate(self) -> None:
+        def bad(name, value, rule):
+            raise InvalidRequest(f"sampling {name}={value!r}: {rule}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            bad("max_tokens", self.max_tokens, "must be an int >= 0")
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, v, "must be a finite number")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", self.top_p, "must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", self.min_p, "must be in [0, 1]")
+        if self.repeat_penalty <= 0:
+            bad("repeat_penalty", self.repeat_penalty, "must be > 0 (1 = off)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", self.top_k, "must be an int >= 0")
+        if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 0:
+            bad("penalty_last_n", self.penalty_last_n, "must be an int >= 0")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
+            bad("seed", self.seed, "must be an int in [0, 2**32)")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                bad("stop", s, "stop strings must be non-empty str")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", self.ignore_eos, "must be a bool")
+        g = self.grammar
+        if g is not None and (not isinstance(g, str) or not g.strip()):
+            bad("grammar", self.grammar, "must be non-empty GBNF text")
+        if self.grammar_triggers and g is None:
+            bad("grammar_triggers", self.grammar_triggers, "need a grammar")
+        for t in self.grammar_triggers:
+            if not isinstance(t, str) or not t:
+                bad("grammar_triggers", t, "trigger patterns must be non-empty str")
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.penalty_last_n > 0 and (self.repeat_penalty != 1.0
+                or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
+
+
+
+@runtime_checkable
+class GenerationHandle(Protocol):
+    """One submitted generation (LanguageModel.submit)."""
+    text: str
+    finish_reason: FinishReason | None
+    error: BaseException | None
+    stats: Any
+
+    def cancel(self) -> None: ...
+    def result(self, timeout: float | None = None) -> str: ...
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A loaded language model that decodes many conversations at once.
+
+    Conversations are keyed by the caller (an agent's node); the engine keeps their KV
+    between requests, shares `shared_prefix_len` leading tokens between conversations, and
+    calls `on_text` with UTF-8-safe chunks and `on_finish` once, from its own thread."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]: ...
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+    def chat_formatter(self) -> Any: ...
+    def submit(self, prompt, *, key=None, sampling: SamplingParams | None = None,
+               shared_prefix_len: int = 0, priority: Priority = Priority.INTERACTIVE,
+               on_text: Callable[[str], None] | None = None,
+               on_finish: Callable[[Any], None] | None = None,
+               gate: Any = None, **kw: Any) -> GenerationHandle: ...
+    def prefill(self, key, prompt, *, shared_prefix_len: int = 0, **kw: Any) -> Any: ...
+    def evict(self, key, timeout: float | None = 30) -> None: ...
+    def release(self, key, timeout: float | None = 30) -> None: ...
+    def conversation(self, key, prefix=None, timeout: float | None = 30) -> dict | None: ...
+    def memory(self, timeout: float | None = 30) -> dict: ...
+    def set_throttle(self, throttle: float) -> None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Embeddings(Protocol):
+    """A loaded embedding model: L2-normalised float32 vectors, one per text."""
+
+    def embed(self, texts: Sequence[str]) -> Any: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TextToSpeech(Protocol):
+    """A loaded speech synthesiser: mono int16 PCM at `sample_rate` for a text."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    def synthesize(self, text: str, **voice: Any) -> bytes: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SpeechToText(Protocol):
+    """A loaded speech recogniser: a stream per utterance, fed 16 kHz mono float32."""
+
+    def create_stream(self, **options: Any) -> Any: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class VoiceActivity(Protocol):
+    """A loaded voice activity detector (rides its speech-to-text model)."""
+
+    def is_speech(self, samples: Any) -> bool: ...
+    def close(self) -> None: ...
+
+
+# The catalog's role names -> the interface an engine of that role implements.
+ROLE_INTERFACES: dict[str, type] = {
+    "llm": LanguageModel, "embedding": Embeddings, "tts": TextToSpeech,
+    "stt": SpeechToText, "vad": VoiceActivity,
+}
