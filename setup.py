@@ -46,7 +46,8 @@ extensions = [
         include_dirs=["csrc"],
         define_macros=macros,
         extra_compile_args=cflags,
-        depends=["csrc/tf_codec.h", "tryll_fast/transport/system.pxd"],
+        depends=["csrc/tf_codec.h", "tryll_fast/transport/system.pxd",
+                 "tryll_fast/transport/connection.pxi", "tryll_fast/transport/reactor.pxi"],
     ),
     # Token streaming: engine text chunks -> AnswerText frames -> the connection.
     Extension(
