@@ -65,6 +65,9 @@ fuzz: install
 
 gen: $(PY)
 	$(PY) tools/gen_codec.py
+	$(PY) tools/gen_errors.py
+	$(PY) tools/gen_client.py
+	$(PY) tools/ship_layout.py
 
 # A build whose Cython frames show up in py-spy / cProfile / coverage.
 profile-build: $(PY)

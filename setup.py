@@ -36,7 +36,7 @@ extensions = [
         extra_compile_args=cflags,
         depends=["csrc/tf_codec.h"] + [
             os.path.join("tryll_fast/codec", f)
-            for f in os.listdir("tryll_fast/codec") if f.endswith(".pxi")
+            for f in os.listdir("tryll_fast/codec") if f.endswith((".pxi", ".pxd"))
         ],
     ),
     # The epoll reactor: sockets, frame extraction, outbound queues (GIL released in epoll_wait).
@@ -47,12 +47,15 @@ extensions = [
         define_macros=macros,
         extra_compile_args=cflags,
         depends=["csrc/tf_codec.h", "tryll_fast/transport/system.pxd",
+                 "tryll_fast/transport/_reactor.pxd",
                  "tryll_fast/transport/connection.pxi", "tryll_fast/transport/reactor.pxi"],
     ),
     # Token streaming: engine text chunks -> AnswerText frames -> the connection.
     Extension(
         "tryll_fast.workflow._stream",
         ["tryll_fast/workflow/_stream.pyx"],
+        include_dirs=["csrc"],
+        depends=["tryll_fast/codec/_codec.pxd", "tryll_fast/transport/_reactor.pxd"],
         define_macros=macros,
         extra_compile_args=cflags,
     ),

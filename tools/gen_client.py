@@ -12,13 +12,15 @@ source a reader or an IDE can find, so the blocking and the asyncio client canno
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import checked_in  # noqa: E402
+
 OUT = os.path.join(ROOT, "tryll_fast", "client", "_methods.py")
 
 
@@ -104,20 +106,7 @@ def render() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if the output is stale")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        current = open(OUT, encoding="utf-8").read() if os.path.exists(OUT) else ""
-        if current != text:
-            print(f"stale generated file: {OUT} (run tools/gen_client.py)", file=sys.stderr)
-            return 1
-        return 0
-    with open(OUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(f"wrote {OUT}")
-    return 0
+    return checked_in.run(__doc__.splitlines()[0], lambda: [(OUT, render())], argv)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ errcodes.txt the same way.
 """
 from __future__ import annotations
 
-import argparse
 import keyword
 import os
 import re
 import sys
 from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checked_in  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "tryll_fast", "errors", "codes.txt")
@@ -144,29 +146,10 @@ def render_md(families: list[Family]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if the output is stale")
-    args = ap.parse_args(argv)
-    families = parse()
-    outputs = ((OUT_PY, render_py(families)), (OUT_MD, render_md(families)))
-    if args.check:
-        stale = []
-        for path, text in outputs:
-            if not os.path.exists(path):
-                stale.append(path)
-                continue
-            with open(path, encoding="utf-8") as f:
-                if f.read() != text:
-                    stale.append(path)
-        if stale:
-            print("stale generated files: " + ", ".join(stale), file=sys.stderr)
-            return 1
-        return 0
-    for path, text in outputs:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    print(f"wrote {OUT_PY} and {OUT_MD}")
-    return 0
+    def outputs():
+        families = parse()
+        return [(OUT_PY, render_py(families)), (OUT_MD, render_md(families))]
+    return checked_in.run(__doc__.splitlines()[0], outputs, argv)
 
 
 if __name__ == "__main__":

@@ -119,8 +119,8 @@ def encode(body):
     return out
 
 
-def encode_answer_text(uint64_t request_id, uint64_t agent_id, str node_name, str text,
-                       bint is_delta, bint is_final):
+cpdef bytes encode_answer_text(uint64_t request_id, uint64_t agent_id, str node_name, str text,
+                               bint is_delta, bint is_final):
     """The AnswerText frame of the token-streaming hot path, written directly: the same
     bytes as encode(AnswerText(request_id=..., agent_id=..., text=..., is_delta=...,
     is_final=..., node_name=...)) (a test checks it), without building the value objects

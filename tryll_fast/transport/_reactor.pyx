@@ -77,7 +77,6 @@ log = logging.getLogger("tryll_fast.transport")
 MAX_FRAME = TF_MAX_FRAME
 
 cdef enum:
-    MAX_EVENTS = 256
     IOV_BATCH = 256                 # frames per sendmsg (well under IOV_MAX)
     RBUF_INITIAL = 16384            # per-connection read buffer, grown on demand
     RBUF_KEEP = 262144              # shrink back after a frame larger than this

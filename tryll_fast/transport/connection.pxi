@@ -5,42 +5,6 @@
 cdef class Connection:
     """One accepted TCP connection. Created by the reactor; see the module doc."""
 
-    cdef readonly uint64_t id
-    cdef readonly int fd
-    cdef readonly str peer
-    cdef Reactor _reactor
-    cdef object _receiver
-    cdef object _on_frame             # the receiver's bound frame_received
-    # input
-    cdef char* _rbuf
-    cdef Py_ssize_t _rlen
-    cdef Py_ssize_t _rcap
-    cdef bint _in_read
-    # output: frames (bytes) not yet fully written; _off bytes of _out[_head] are written
-    cdef list _out
-    cdef Py_ssize_t _head
-    cdef Py_ssize_t _off
-    cdef readonly Py_ssize_t queued_bytes
-    cdef bint _blocked                # the kernel buffer was full: waiting for EPOLLOUT
-    cdef bint _dirty                  # in the reactor's list of connections to flush
-    cdef uint32_t _interest           # current epoll interest set
-    # state
-    cdef readonly bint paused
-    cdef readonly bint closed
-    cdef bint _closing                # graceful close: flush, SHUT_WR, wait for EOF
-    cdef bint _wr_shut
-    cdef bint _resumed                # writing_resumed() owed to the receiver
-    cdef double _paused_at
-    cdef double _linger_until
-    cdef double _last_direct          # when this connection last had a direct write
-    cdef object _writable             # threading.Event, set while not paused
-    cdef readonly str close_reason
-    # counters
-    cdef readonly uint64_t frames_in
-    cdef readonly uint64_t frames_out
-    cdef readonly uint64_t bytes_in
-    cdef readonly uint64_t bytes_out
-
     def __cinit__(self):
         self._rbuf = NULL
         self.fd = -1

@@ -5,47 +5,6 @@
 cdef class Reactor:
     """The event loop. `run()` on the thread that should own the sockets."""
 
-    cdef int _epfd
-    cdef int _evfd
-    cdef int _lfd
-    cdef object _listen_sock          # keeps the Python socket object (and its fd) alive
-    cdef object _handler
-    cdef dict _conns                  # id -> Connection
-    cdef list _dirty                  # connections with frames to flush
-    cdef list _calls                  # (fn, args) from call_soon
-    cdef list _lost                   # torn-down connections owed connection_lost()
-    cdef list _resumed                # connections owed writing_resumed()
-    cdef set _watched                 # paused or lingering connections (have deadlines)
-    cdef uint64_t _next_id
-    cdef pthread_t _thread
-    cdef bint _has_thread
-    cdef bint _wake_pending
-    cdef bint _running
-    cdef bint _stopped
-    cdef readonly bint accepting
-    cdef double _accept_retry_at
-    cdef epoll_event _events[MAX_EVENTS]
-    # settings
-    cdef readonly Py_ssize_t high_water
-    cdef readonly Py_ssize_t low_water
-    cdef readonly double stall_timeout
-    cdef readonly Py_ssize_t max_connections
-    cdef readonly bint direct_send
-    # counters
-    cdef readonly uint64_t accepted
-    cdef readonly uint64_t rejected
-    cdef readonly uint64_t closed_count
-    cdef readonly uint64_t frames_in
-    cdef readonly uint64_t frames_out
-    cdef readonly uint64_t bytes_in
-    cdef readonly uint64_t bytes_out
-    cdef readonly uint64_t sendmsg_calls
-    cdef readonly uint64_t direct_writes
-    cdef readonly uint64_t wakeups
-    cdef readonly uint64_t pauses
-    cdef readonly uint64_t stalls
-    cdef readonly uint64_t framing_errors
-
     def __cinit__(self):
         self._epfd = -1
         self._evfd = -1
@@ -190,7 +149,7 @@ cdef class Reactor:
 
     # ---- internals (reactor thread unless noted) ----
 
-    cdef inline bint _on_loop_thread(self) noexcept:
+    cdef bint _on_loop_thread(self) noexcept:
         return self._has_thread and pthread_equal(self._thread, pthread_self())
 
     cdef int _wake(self) except -1:
@@ -209,7 +168,7 @@ cdef class Reactor:
         self._wake_pending = False
         return 0
 
-    cdef inline int _mark_dirty(self, Connection conn) except -1:
+    cdef int _mark_dirty(self, Connection conn) except -1:
         if not conn._dirty:
             conn._dirty = True
             self._dirty.append(conn)

@@ -18,7 +18,10 @@ includes the scheduler running the woken client first).
 cimport cython
 from time import perf_counter_ns
 
-from tryll_fast.codec import encode_answer_text
+# C calls across compiled modules (their .pxd files): the frame is built and queued
+# without a Python-level call per token.
+from tryll_fast.codec._codec cimport encode_answer_text
+from tryll_fast.transport._reactor cimport Connection
 
 cdef Py_ssize_t COALESCE_BYTES = 65536
 cdef Py_ssize_t MAX_PENDING_CHARS = 16384
@@ -28,6 +31,7 @@ cdef Py_ssize_t MAX_SAMPLES = 4096
 @cython.final
 cdef class AnswerStream:
     cdef object _conn
+    cdef Connection _fast             # _conn when it is the reactor's Connection, else None
     cdef readonly unsigned long long request_id
     cdef readonly unsigned long long agent_id
     cdef readonly str node_name
@@ -44,6 +48,7 @@ cdef class AnswerStream:
     def __cinit__(self, conn, unsigned long long request_id, unsigned long long agent_id,
                   str node_name):
         self._conn = conn
+        self._fast = conn if isinstance(conn, Connection) else None
         self.request_id = request_id
         self.agent_id = agent_id
         self.node_name = node_name
@@ -56,7 +61,7 @@ cdef class AnswerStream:
         cdef object handle
         if self.finished or not text:
             return
-        if self._conn.queued_bytes >= COALESCE_BYTES and self._pending_chars < MAX_PENDING_CHARS:
+        if self._queued() >= COALESCE_BYTES and self._pending_chars < MAX_PENDING_CHARS:
             self._pending.append(text)
             self._pending_chars += len(text)
             self.coalesced += 1
@@ -77,10 +82,18 @@ cdef class AnswerStream:
         self._send(frame, len(text))
         self._sent_ns.append(perf_counter_ns() - t0)
 
+    cdef inline Py_ssize_t _queued(self):
+        if self._fast is not None:
+            return self._fast.queued_bytes
+        return self._conn.queued_bytes
+
     cdef _send(self, bytes frame, Py_ssize_t chars):
         self.frames += 1
         self.chars += chars
-        self._conn.send(frame)
+        if self._fast is not None:
+            self._fast.send(frame)
+        else:
+            self._conn.send(frame)      # another transport (the uvloop baseline)
 
     def finish(self):
         """Send what is pending, then the empty terminator (is_delta, is_final)."""
