@@ -46,7 +46,6 @@ def test_garbage_gives_zero(data):
     assert codec.peek_body_type(data) in range(256)
 
 
-
 def test_answer_text_fast_path_is_byte_identical():
     from hypothesis import given, settings, strategies as st
 

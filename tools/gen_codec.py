@@ -595,7 +595,8 @@ class Gen:
                 if f.optional:      # a set optional scalar is written even when it is 0
                     o(f"b.{add.replace('add_', 'set_')}({f.slot}, {conv_expr(sc, 'x', where)})", 2)
                 else:
-                    o(f"b.{add}({f.slot}, {conv_expr(sc, 'x', where)}, {default_c(sc, f.default)})", 2)
+                    o(f"b.{add}({f.slot}, {conv_expr(sc, 'x', where)}, "
+                      f"{default_c(sc, f.default)})", 2)
             elif k == "union":
                 o(f"b.add_u8({f.slot - 1}, tag_{f.name}, 0)", 1)
                 o(f"if o_{f.name}:", 1)

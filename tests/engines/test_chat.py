@@ -11,7 +11,6 @@ GEMMA = "Gemma-3-270M"
 MODEL_FIXTURE = {"smol": "smollm2", "gemma": "gemma"}   # tests/engines/conftest.py
 
 
-
 def _vocab_tokenizer(path):
     """tokenize(text) with the model's own vocabulary (vocab_only: no weights)."""
     from llama_cpp import Llama

@@ -12,7 +12,6 @@ DIMS = {SMOL: 576, GEMMA: 640}
 pytestmark = pytest.mark.model
 
 
-
 @pytest.fixture(scope="module", params=[SMOL, GEMMA])
 def embedder(request):
     e = Embedder(request.getfixturevalue("model_file")(request.param), n_batch=64, max_tokens=32, n_seq_max=4)

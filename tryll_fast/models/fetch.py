@@ -94,8 +94,8 @@ class ModelStore:
         entry = self.catalog.get(name)
         if entry is None:
             raise DownloadError(Code.DownloadNotAvailable,
-                                     f"{name}: no such model in catalog {self.catalog.origin}",
-                                     model=name)
+                                f"{name}: no such model in catalog {self.catalog.origin}",
+                                model=name)
         return entry
 
     def model_dir(self, name: str) -> Path:
@@ -161,8 +161,8 @@ class ModelStore:
             shutil.rmtree(model_dir, ignore_errors=True)
             if model_dir.exists():
                 raise DownloadError(Code.DownloadFailed,
-                                         f"{entry.name}: could not remove {model_dir}",
-                                         model=entry.name)
+                                    f"{entry.name}: could not remove {model_dir}",
+                                    model=entry.name)
             recorded = self.record.remove(entry.name)
         return existed or recorded
 
@@ -263,8 +263,8 @@ class ModelStore:
         with _active_guard:
             if key in _active:
                 raise DownloadError(Code.DownloadAlreadyActive,
-                                         f"{name}: already being fetched in this process",
-                                         model=name)
+                                    f"{name}: already being fetched in this process",
+                                    model=name)
             _active.add(key)
         lock_file = None
         try:
@@ -324,12 +324,12 @@ def ensure_model(name: str, models_dir: str | os.PathLike | None = None, *,
                     raise
             time.sleep(_ENSURE_POLL_S)
         raise DownloadError(Code.DownloadAlreadyActive,
-                                 f"{name}: another fetch did not finish within {wait_s:.0f} s",
-                                 model=name)
+                            f"{name}: another fetch did not finish within {wait_s:.0f} s",
+                            model=name)
     except DownloadError as exc:
         raise DownloadError(Code.ModelAutoDownloadFailed,
-                                 f"{name}: automatic download failed: {exc}",
-                                 model=name, file=exc.file) from exc
+                            f"{name}: automatic download failed: {exc}",
+                            model=name, file=exc.file) from exc
 
 
 class _Reporter:

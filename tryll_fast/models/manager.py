@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from tryll_fast.engines import registry
 from tryll_fast.engines.registry import Loader
-from tryll_fast.errors import ErrorCode, ModelError, TryllError
+from tryll_fast.errors import ErrorCode, ModelError, ServerShuttingDown, TryllError
 
 from .catalog import Catalog, ModelEntry, load_catalog
 from .fetch import ModelStore, resolve_models_dir
@@ -334,7 +334,9 @@ class ModelManager:
         except BaseException as exc:
             for dep in deps:
                 self._release(dep, "dependents")
-            err = exc if isinstance(exc, TryllError) else ModelError(
+            # what this manager refused passes through; anything else (an engine's own
+            # failure to load, a TryllError too) becomes 6007 naming the model
+            err = exc if isinstance(exc, (ModelError, ServerShuttingDown)) else ModelError(
                 Code.ModelResolutionFailed, f"{name}: loading failed: {exc}",
                 model=name, role=entry.role, engine=entry.engine)
             if err is not exc:

@@ -117,8 +117,8 @@ def normalize_tools(tools: Iterable[Any]) -> tuple[ToolSpec, ...]:
 
 
 def tool_signature_lines(specs: Sequence[ToolSpec]) -> list[str]:
-    """the ToolCall reference's parameters.tools[]: `search(query: string) - Search the web`, then an
-    indented `query - What to search for` line per described parameter."""
+    """The ToolCall reference's parameters.tools[]: `search(query: string) - Search the
+    web`, then an indented `query - What to search for` line per described parameter."""
     lines = []
     for s in specs:
         args = ", ".join(f"{p.name}{'' if p.required else '?'}: {p.type}" for p in s.params)

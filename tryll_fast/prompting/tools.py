@@ -2,8 +2,9 @@
 The definitions and result values are in tool_spec.py, the lenient JSON reading in
 tool_parse.py.
 
-The ToolCall node (the ToolCall reference, docs/workflow.md) offers tool definitions to the model, constrains generation
-so a call is well-formed, and parses the output back into calls or a classified failure.
+The ToolCall node (docs/workflow.md) offers tool definitions to the model, constrains
+generation so a call is well-formed, and parses the output back into calls or a classified
+failure.
 
 Formats (`ToolFormat`) say how a model writes a call:
   generic     the chat template has no tool support (SmolLM2, the Gemma fallback): the

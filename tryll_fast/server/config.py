@@ -375,7 +375,6 @@ def describe(setting: Setting) -> str:
     return f"| `{setting.key}` | {flag} | `{setting.env}` | {shown} | {setting.doc} |"
 
 
-
 def settings_table() -> str:
     """The markdown table of every setting (docs/configuration.md holds this output)."""
     rows = ["| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]

@@ -36,8 +36,8 @@ def check_save_id(save_id: str) -> str:
         else:
             problem = "starts with '.'"
         raise TryllError(ErrorCode.InvalidSaveId,
-                           f"save_id {save_id[:64]!r} {problem}: a save_id is a file name of "
-                           "letters, digits, '_', '-' and '.', not starting with '.'")
+                         f"save_id {save_id[:64]!r} {problem}: a save_id is a file name of "
+                         "letters, digits, '_', '-' and '.', not starting with '.'")
     return save_id
 
 
@@ -99,7 +99,7 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
         except OSError:
             pass
         raise TryllError(ErrorCode.DialogWriteFailed,
-                           f"{what}: cannot write {path}: {exc.strerror or exc}") from None
+                         f"{what}: cannot write {path}: {exc.strerror or exc}") from None
 
 
 def read_limited(path: Path, limit: int, what: str) -> bytes:
@@ -109,15 +109,15 @@ def read_limited(path: Path, limit: int, what: str) -> bytes:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
                 raise TryllError(ErrorCode.DialogSnapshotTooLarge,
-                                   f"{what}: {path} has {size} bytes; at most {limit}")
+                                 f"{what}: {path} has {size} bytes; at most {limit}")
             return f.read(limit + 1)
     except FileNotFoundError:
         raise TryllError(ErrorCode.DialogFileNotFound,
-                           f"{what}: no file {path} (nothing was saved under that save_id)"
-                           ) from None
+                         f"{what}: no file {path} (nothing was saved under that save_id)"
+                         ) from None
     except IsADirectoryError:
         raise TryllError(ErrorCode.DialogFileNotFound,
-                           f"{what}: {path} is a directory, not a saved dialog") from None
+                         f"{what}: {path} is a directory, not a saved dialog") from None
     except OSError as exc:
         raise TryllError(ErrorCode.DialogFileNotFound,
-                           f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+                         f"{what}: cannot read {path}: {exc.strerror or exc}") from None

@@ -49,8 +49,6 @@ CANCEL_GRACE_S = 5.0
 CLOSE_GRACE_S = 3.0
 
 
-
-
 class ThrottleBoard:
     """SetInferenceThrottle bookkeeping: the server-wide value is the maximum over the
     sessions that reported one; a session's value leaves with it."""

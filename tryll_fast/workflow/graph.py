@@ -124,9 +124,9 @@ def compile_graph(graph, ctx: CompileContext, types: Mapping[type, NodeType]) ->
             raise fail(f"node {d.name!r}", "params are missing (NodeParams is NONE)")
         if node_type.missing_feature:
             raise TryllError(ErrorCode.FeatureNotAvailable,
-                               f"node {d.name!r}: {node_type.kind} nodes need "
-                               f"{node_type.missing_feature}, which this server build does "
-                               "not include yet")
+                             f"node {d.name!r}: {node_type.kind} nodes need "
+                             f"{node_type.missing_feature}, which this server build does "
+                             "not include yet")
         exits = {}
         for exit_name in node_type.exits:
             target = getattr(params, f"{exit_name}_exit")
@@ -146,13 +146,13 @@ def check_change(node: Node, params, ctx: CompileContext) -> Any:
     if type(params) is not type(node.params):
         got = "no params" if params is None else type(params).__name__
         raise TryllError(ErrorCode.InvalidParamValue,
-                           f"node {node.name!r} is a {node.type.kind} node: params must be "
-                           f"{node.type.params_cls.__name__}, got {got}")
+                         f"node {node.name!r} is a {node.type.kind} node: params must be "
+                         f"{node.type.params_cls.__name__}, got {got}")
     changed = _structural_change(node.params, params, type(params).__name__)
     if changed:
         raise TryllError(ErrorCode.ParamNotMutable,
-                           f"node {node.name!r}: {changed} is structural (fixed at "
-                           "CreateAgent) and cannot change")
+                         f"node {node.name!r}: {changed} is structural (fixed at "
+                         "CreateAgent) and cannot change")
     return node.type.compile(node.name, params, ctx)
 
 

@@ -110,10 +110,10 @@ def encode(interactions: list[Interaction], graph: Graph, locale: str) -> bytes:
         data = None
     if data is None or len(data) > MAX_SNAPSHOT_BYTES:
         raise TryllError(ErrorCode.DialogSnapshotTooLarge,
-                           f"the dialog's snapshot ({len(interactions)} interactions) would "
-                           f"be over {MAX_SNAPSHOT_BYTES} bytes, the most one frame or file "
-                           "holds: remove old interactions first (RemoveInteractionsFromEnd "
-                           "removes from the end; a stateless agent keeps none)")
+                         f"the dialog's snapshot ({len(interactions)} interactions) would "
+                         f"be over {MAX_SNAPSHOT_BYTES} bytes, the most one frame or file "
+                         "holds: remove old interactions first (RemoveInteractionsFromEnd "
+                         "removes from the end; a stateless agent keeps none)")
     return data
 
 
@@ -197,7 +197,7 @@ def parse(data) -> Parsed:
     """Verify and read a TDLG buffer completely (3019 naming the first problem)."""
     if len(data) > MAX_SNAPSHOT_BYTES:
         raise TryllError(ErrorCode.DialogSnapshotTooLarge,
-                           f"the snapshot has {len(data)} bytes; at most {MAX_SNAPSHOT_BYTES}")
+                         f"the snapshot has {len(data)} bytes; at most {MAX_SNAPSHOT_BYTES}")
     if not len(data):
         raise _invalid("bytes", "empty")
     try:
@@ -243,8 +243,8 @@ def check_graph(parsed: Parsed, graph: Graph, compatibility: int, locale: str) -
     if compatibility not in (codec.DialogCompatibility.Strict,
                              codec.DialogCompatibility.AllowGraphMismatch):
         raise TryllError(ErrorCode.InvalidParamValue,
-                           f"compatibility {int(compatibility)} is not a DialogCompatibility "
-                           "(0 Strict, 1 AllowGraphMismatch)")
+                         f"compatibility {int(compatibility)} is not a DialogCompatibility "
+                         "(0 Strict, 1 AllowGraphMismatch)")
     ours = fingerprint(graph)
     warnings: list[str] = []
     if parsed.fingerprint != ours:

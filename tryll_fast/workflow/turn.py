@@ -141,9 +141,12 @@ class Turn:
         except TurnFailure as exc:
             status = Status.Error
             self._error(str(exc))
-        except (ProjectionError, EngineError) as exc:
+        except ProjectionError as exc:
             status = Status.Error
             self._error(f"node {self._last_node!r}: {exc}")
+        except EngineError as exc:
+            status = Status.Error
+            self._error(f"node {self._last_node!r}: {exc.message}")
         except Exception as exc:   # a node bug must end the turn, not the loop
             log.exception("turn of agent %d failed in node %s", agent.id, self._last_node)
             status = Status.Error
@@ -325,7 +328,8 @@ class Turn:
     def send_event(self, node_name: str, event_type: str, pairs: dict[str, str]) -> None:
         """A NodeEvent (tool_call, paused, …): out of band, before the turn completes."""
         self.session.send_reply(codec.NodeEvent(
-            request_id=self.request_id, agent_id=self.agent.id, node_name=node_name, event_type=event_type,
+            request_id=self.request_id, agent_id=self.agent.id, node_name=node_name,
+            event_type=event_type,
             kv_pairs=[codec.NodeParam(key=k, value=v) for k, v in pairs.items()]))
 
     # ---- pausing ----

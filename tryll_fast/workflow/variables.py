@@ -79,18 +79,18 @@ class Variables:
             name = decl.name
             if not NAME_RE.fullmatch(name or ""):
                 raise TryllError(ErrorCode.GraphCompilationFailed,
-                                   f"{where}.name: {name!r} is not a variable name (letters, "
-                                   "digits, _ and -, starting with a letter or _)")
+                                 f"{where}.name: {name!r} is not a variable name (letters, "
+                                 "digits, _ and -, starting with a letter or _)")
             if name in self._kinds:
                 raise TryllError(ErrorCode.GraphCompilationFailed,
-                                   f"{where}: variable {name!r} is declared twice")
+                                 f"{where}: variable {name!r} is declared twice")
             kind, value = _read(decl.value, f"{where} ({name!r}).value",
                                 ErrorCode.GraphCompilationFailed)
             self._kinds[name] = kind
             self._initial[name] = value
         if len(self._kinds) > MAX_VARIABLES:
             raise TryllError(ErrorCode.GraphCompilationFailed,
-                               f"variables: {len(self._kinds)} declared; at most {MAX_VARIABLES}")
+                             f"variables: {len(self._kinds)} declared; at most {MAX_VARIABLES}")
         self._values = dict(self._initial)
         self._lock = threading.Lock()
 
@@ -122,45 +122,45 @@ class Variables:
         kind = self._kinds.get(name)
         if kind is None:
             raise TryllError(ErrorCode.UnknownVariable,
-                               f"{where}: no variable of that name is declared "
-                               f"(declared: {', '.join(sorted(self._kinds)) or 'none'})")
+                             f"{where}: no variable of that name is declared "
+                             f"(declared: {', '.join(sorted(self._kinds)) or 'none'})")
         op = up.op
         value = up.value
         if op == codec.VariableOp.Reset:
             if value is not None:
                 raise TryllError(ErrorCode.InvalidVariableValue,
-                                   f"{where}: Reset takes no value")
+                                 f"{where}: Reset takes no value")
             values[name] = self._initial[name]
             return
         if op == codec.VariableOp.Assign:
             got, v = _read(value, f"{where}.value", ErrorCode.InvalidVariableValue)
             if got != kind:
                 raise TryllError(ErrorCode.VariableTypeMismatch,
-                                   f"{where}: the variable is {kind}, the value is {got}")
+                                 f"{where}: the variable is {kind}, the value is {got}")
             values[name] = v
             return
         if op in (codec.VariableOp.AddToSet, codec.VariableOp.RemoveFromSet):
             opname = codec.VariableOp(op).name
             if kind != "string_set":
                 raise TryllError(ErrorCode.VariableTypeMismatch,
-                                   f"{where}: {opname} needs a string_set variable; this one "
-                                   f"is {kind}")
+                                 f"{where}: {opname} needs a string_set variable; this one "
+                                 f"is {kind}")
             got, v = _read(value, f"{where}.value", ErrorCode.InvalidVariableValue)
             if got != "string":
                 raise TryllError(ErrorCode.VariableTypeMismatch,
-                                   f"{where}: {opname} takes a VarString value, not {got}")
+                                 f"{where}: {opname} takes a VarString value, not {got}")
             current = values[name]
             if op == codec.VariableOp.AddToSet:
                 if v not in current and len(current) >= MAX_SET_ELEMENTS:
                     raise TryllError(ErrorCode.InvalidVariableValue,
-                                       f"{where}: the set already holds {MAX_SET_ELEMENTS} "
-                                       "elements, the maximum")
+                                     f"{where}: the set already holds {MAX_SET_ELEMENTS} "
+                                     "elements, the maximum")
                 values[name] = current | {v}
             else:
                 values[name] = current - {v}
             return
         raise TryllError(ErrorCode.InvalidVariableValue,
-                           f"{where}: op {int(op)} is not a VariableOp (0..3)")
+                         f"{where}: op {int(op)} is not a VariableOp (0..3)")
 
     def snapshot(self) -> list:
         """Every variable as AgentVariable values, in declaration order."""

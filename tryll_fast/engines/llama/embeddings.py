@@ -6,7 +6,8 @@ to be interleaved with generation steps). Several texts go into one `llama_decod
 one sequence id each; llama.cpp pools per sequence and the vectors come back
 L2-normalised as float32 numpy arrays.
 
-Chat models pooled this way give coarse embeddings (docs/models.md): good enough to rank related above unrelated text, not a retrieval model.
+Chat models pooled this way give coarse embeddings (docs/models.md): good enough to rank
+related above unrelated text, not a retrieval model.
 """
 from __future__ import annotations
 

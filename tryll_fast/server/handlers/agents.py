@@ -68,9 +68,9 @@ def agent_of(session, agent_id: int) -> Agent:
     if agent is None:
         if agent_id in session.destroyed_agents:
             raise TryllError(ErrorCode.AgentAlreadyDestroyed,
-                               f"agent {agent_id} was destroyed")
+                             f"agent {agent_id} was destroyed")
         raise TryllError(ErrorCode.InvalidAgentId,
-                           f"agent_id {agent_id} names no agent of this session")
+                         f"agent_id {agent_id} names no agent of this session")
     return agent
 
 
@@ -81,15 +81,15 @@ def create_agent(session, req):
     limit = server.config.workflow_max_agents_per_session
     if len(session.agents) >= limit:
         raise TryllError(ErrorCode.GraphCompilationFailed,
-                           f"the session already has {len(session.agents)} agents, the most "
-                           "workflow.max_agents_per_session allows")
+                         f"the session already has {len(session.agents)} agents, the most "
+                         "workflow.max_agents_per_session allows")
     if req.kv_cache_initialization not in _KV_INIT:
         raise TryllError(ErrorCode.GraphCompilationFailed,
-                           f"kv_cache_initialization {int(req.kv_cache_initialization)} is not "
-                           "a KvCacheInitialization (0..2)")
+                         f"kv_cache_initialization {int(req.kv_cache_initialization)} is not "
+                         "a KvCacheInitialization (0..2)")
     if req.workload not in _WORKLOAD:
         raise TryllError(ErrorCode.GraphCompilationFailed,
-                           f"workload {int(req.workload)} is not an AgentWorkload (0..1)")
+                         f"workload {int(req.workload)} is not an AgentWorkload (0..1)")
     session.run_blocking(rid, "CreateAgentRequest", lambda: _create(session, req))
 
 
@@ -117,7 +117,7 @@ def _create(session, req):
     except ModelError as exc:
         agent.release()
         raise TryllError(ErrorCode.GraphCompilationFailed,
-                           f"a model of the graph cannot be loaded: {exc.message}") from None
+                         f"a model of the graph cannot be loaded: {exc.message}") from None
     except BaseException:
         agent.release()
         raise
@@ -165,8 +165,8 @@ def resume_agent(session, req):
         paused = turn.paused
         if req.resume_node and req.resume_node not in agent.graph.nodes:
             raise TryllError(ErrorCode.UnknownNode,
-                               f"resume_node {req.resume_node!r} is not a node of agent "
-                               f"{agent.id} (the turn stays paused)")
+                             f"resume_node {req.resume_node!r} is not a node of agent "
+                             f"{agent.id} (the turn stays paused)")
         results = _check_tool_results(paused, list(req.tool_results))
         turn.resume(req.resume_node, results)
     return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
@@ -212,7 +212,7 @@ def cancel(session, req):
     agent = agent_of(session, req.agent_id)
     if req.mode not in _CANCEL:
         raise TryllError(ErrorCode.InvalidParamValue,
-                           f"mode {int(req.mode)} is not a CancelMode (0..1)")
+                         f"mode {int(req.mode)} is not a CancelMode (0..1)")
     with agent.lock:
         turn = agent.turn
     if turn is not None:
@@ -226,8 +226,8 @@ def change_agent_param(session, req):
     node = agent.graph.nodes.get(req.node_name)
     if node is None:
         raise TryllError(ErrorCode.UnknownNode,
-                           f"agent {agent.id} has no node {req.node_name!r} (nodes: "
-                           f"{', '.join(agent.graph.nodes)})")
+                         f"agent {agent.id} has no node {req.node_name!r} (nodes: "
+                         f"{', '.join(agent.graph.nodes)})")
     with agent.lock:
         agent.admit("ChangeAgentParamRequest", "params change only while idle or paused")
         ctx = CompileContext(node_names=frozenset(agent.graph.nodes),

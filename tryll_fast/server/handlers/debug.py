@@ -54,7 +54,7 @@ USAGE = {
 
 def _usage_error(command: str, problem: str) -> TryllError:
     return TryllError(ErrorCode.UnknownDebugCommand,
-                        f"debug {command}: {problem}; usage: {USAGE[command]}")
+                      f"debug {command}: {problem}; usage: {USAGE[command]}")
 
 
 def _int_arg(command: str, args: list[str], index: int, name: str, low: int, high: int) -> int:
@@ -71,7 +71,7 @@ def _int_arg(command: str, args: list[str], index: int, name: str, low: int, hig
 def debug_command(session, req):
     if not session.server.config.dev:
         raise TryllError(ErrorCode.DebugCommandsDisabled,
-                           "DebugCommandRequest is served only by a server started with --dev")
+                         "DebugCommandRequest is served only by a server started with --dev")
     rid = req.request_id
     command = req.command
     args = list(req.args)
@@ -108,7 +108,7 @@ def debug_command(session, req):
     if command == "raise":
         raise RuntimeError("debug raise: a deliberate failure inside a handler")
     raise TryllError(ErrorCode.UnknownDebugCommand,
-                       f"unknown debug command {command!r} (commands: {', '.join(USAGE)})")
+                     f"unknown debug command {command!r} (commands: {', '.join(USAGE)})")
 
 
 def _reply(rid: int, output: str) -> codec.DebugCommandResponse:

@@ -82,8 +82,8 @@ def export_dialog(session, req):
             codec.encode(reply)
         except codec.FrameTooLarge:
             raise TryllError(ErrorCode.DialogSnapshotTooLarge,
-                               f"the snapshot has {len(data)} bytes: with the response "
-                               "around it, it does not fit in one 1 MiB frame") from None
+                             f"the snapshot has {len(data)} bytes: with the response "
+                             "around it, it does not fit in one 1 MiB frame") from None
         return reply
 
     session.run_blocking(req.request_id, "ExportDialogRequest", run, req.agent_id)
@@ -157,7 +157,7 @@ def _kv_request(session, req, name: str, operation, reply) -> None:
             report = operation(agent)
         except EngineError as exc:
             raise TryllError(ErrorCode.InferenceFailed,
-                               f"{name} of agent {agent.id}: {exc}") from None
+                             f"{name} of agent {agent.id}: {exc.message}") from None
         finally:
             with agent.lock:
                 agent.end_kv_operation()

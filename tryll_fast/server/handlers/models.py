@@ -1,5 +1,6 @@
-"""Model messages (docs/protocol.md): ListModels, DownloadModel, LoadModel, UnloadModel, DeleteModel,
-GetMemoryConsumption. Model requests are server-wide: every catalog entry names its engine.
+"""Model messages (docs/protocol.md): ListModels, DownloadModel, LoadModel, UnloadModel,
+DeleteModel, GetMemoryConsumption. Model requests are server-wide: every catalog entry
+names its engine.
 
 All of them touch the disk or an engine, so they run on the session's lane (LoadModel then
 UnloadModel from one client keep their order); downloads run on the download pool and stream
@@ -34,8 +35,8 @@ def _entry(server, name: str, field: str = "model_name") -> ModelEntry:
     entry = server.catalog.get(name)
     if entry is None:
         raise TryllError(ErrorCode.DownloadNotAvailable,
-                           f"{field}: {name!r} is not in the model catalog "
-                           f"(known: {', '.join(e.name for e in server.catalog.visible())})")
+                         f"{field}: {name!r} is not in the model catalog "
+                         f"(known: {', '.join(e.name for e in server.catalog.visible())})")
     return entry
 
 
@@ -120,12 +121,12 @@ def download_model(session, req):
                 _entry(server, name)
                 already = store.is_downloaded(name)
                 store.fetch(name, progress=progress, cancel=cancel)
-            except TryllError as exc:
-                complete(False, int(exc.code), exc.message)
-                return
             except DownloadError as exc:
                 log.info("download failed", extra=fields(model=name, session=session.id,
                                                          code=int(exc.code), error=exc.message))
+                complete(False, int(exc.code), exc.message)
+                return
+            except TryllError as exc:               # 6002 from _entry: nothing to fetch
                 complete(False, int(exc.code), exc.message)
                 return
             if not already or progress.sent == 0:
@@ -149,7 +150,7 @@ def download_model(session, req):
     except RuntimeError:            # the pool is shut down: the server is stopping
         op.finish()
         raise TryllError(ErrorCode.ServerShuttingDown,
-                           "DownloadModelRequest refused: the server is shutting down") from None
+                         "DownloadModelRequest refused: the server is shutting down") from None
 
 
 @handles("LoadModelRequest")

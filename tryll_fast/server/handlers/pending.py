@@ -31,8 +31,8 @@ _ENDS_WORK = {"DestroyVoiceInputRequest", "CancelUtteranceRequest"}
 def _unavailable(name: str, feature: str):
     def handler(session, req):
         raise TryllError(ErrorCode.FeatureNotAvailable,
-                           f"{name} needs {feature}, which this server build does not include "
-                           "yet")
+                         f"{name} needs {feature}, which this server build does not include "
+                         "yet")
     handler.__name__ = handler.__qualname__ = f"unavailable_{name}"
     return handler
 

@@ -48,8 +48,8 @@ def _locale_problem(tag: str) -> str:
 def create_session(session, req):
     if session.created:
         raise TryllError(ErrorCode.SessionAlreadyExists,
-                           f"this connection already has session {session.id}: "
-                           "CreateSessionRequest is one-shot")
+                         f"this connection already has session {session.id}: "
+                         "CreateSessionRequest is one-shot")
     locale = check_locale(req.locale)
     hints: list[tuple[int, int]] = []
     placements: dict[str, int] = {}
@@ -58,19 +58,19 @@ def create_session(session, req):
         for i, hint in enumerate(config.engines):
             if hint.role not in _ROLES:
                 raise TryllError(ErrorCode.InvalidEngineSet,
-                                   f"model_config.engines[{i}].role: {hint.role} is not a "
-                                   f"ModelRole (0..{max(_ROLES)})")
+                                 f"model_config.engines[{i}].role: {hint.role} is not a "
+                                 f"ModelRole (0..{max(_ROLES)})")
             if hint.engine not in _ENGINES:
                 raise TryllError(ErrorCode.InvalidEngineSet,
-                                   f"model_config.engines[{i}].engine: {hint.engine} is not an "
-                                   f"InferenceEngine (0..{max(_ENGINES)})")
+                                 f"model_config.engines[{i}].engine: {hint.engine} is not an "
+                                 f"InferenceEngine (0..{max(_ENGINES)})")
             hints.append((int(hint.role), int(hint.engine)))
         for i, hint in enumerate(config.placement_hints):
             if hint.placement not in _PLACEMENTS:
                 raise TryllError(ErrorCode.InvalidEngineSet,
-                                   f"model_config.placement_hints[{i}].placement: "
-                                   f"{hint.placement} is not a MemoryPlacement "
-                                   f"(0..{max(_PLACEMENTS)})")
+                                 f"model_config.placement_hints[{i}].placement: "
+                                 f"{hint.placement} is not a MemoryPlacement "
+                                 f"(0..{max(_PLACEMENTS)})")
             placements[hint.model_name] = int(hint.placement)
     session.locale = locale
     session.engine_hints = tuple(hints)

@@ -32,9 +32,9 @@ class CannedResponseNode(NodeType):
         lines = tuple(line.text for line in p.lines)
         if not lines and p.string_storage:
             raise TryllError(ErrorCode.FeatureNotAvailable,
-                               f"node {name!r}: string_storage {p.string_storage!r} needs "
-                               "string storages (the knowledge feature), not in this server "
-                               "build yet; use inline lines")
+                             f"node {name!r}: string_storage {p.string_storage!r} needs "
+                             "string storages (the knowledge feature), not in this server "
+                             "build yet; use inline lines")
         return lines
 
     async def run(self, turn, node: Node) -> str:

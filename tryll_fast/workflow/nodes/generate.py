@@ -37,12 +37,12 @@ def check_unsupported(name: str, params) -> None:
     ctx_over = params.context
     if ctx_over is not None and ctx_over.to_dict() != codec.ContextOverrides().to_dict():
         raise TryllError(ErrorCode.FeatureNotAvailable,
-                           f"node {name!r}: per-node context overrides are not in this server "
-                           "build (every agent shares one llama.cpp context per model)")
+                         f"node {name!r}: per-node context overrides are not in this server "
+                         "build (every agent shares one llama.cpp context per model)")
     adaptation = params.adaptation
     if adaptation is not None and len(adaptation.loras):
         raise TryllError(ErrorCode.FeatureNotAvailable,
-                           f"node {name!r}: LoRA adaptation is not in this server build yet")
+                         f"node {name!r}: LoRA adaptation is not in this server build yet")
 
 
 def compile_template_field(name: str, field: str, source: str, ctx: CompileContext):

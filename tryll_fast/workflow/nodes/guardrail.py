@@ -25,9 +25,9 @@ class GuardrailNode(NodeType):
     def compile(self, name: str, p, ctx: CompileContext):
         if p.string_storage:
             raise TryllError(ErrorCode.FeatureNotAvailable,
-                               f"node {name!r}: string_storage {p.string_storage!r} needs "
-                               "string storages (the knowledge feature), not in this server "
-                               "build yet; use inline_strings")
+                             f"node {name!r}: string_storage {p.string_storage!r} needs "
+                             "string storages (the knowledge feature), not in this server "
+                             "build yet; use inline_strings")
         if len(p.inline_strings) > MAX_PATTERNS:
             raise ctx.fail(f"node {name!r}", f"{len(p.inline_strings)} inline_strings "
                                              f"(patterns); at most {MAX_PATTERNS}")
@@ -36,8 +36,8 @@ class GuardrailNode(NodeType):
             try:
                 compiled.append(regex.compile(pattern, regex.IGNORECASE | regex.V0))
             except regex.error as exc:
-                raise ctx.fail(f"node {name!r}",
-                               f"inline_strings[{i}] {pattern!r} is not a valid regex: {exc}") from None
+                raise ctx.fail(f"node {name!r}", f"inline_strings[{i}] {pattern!r} is not a "
+                                                 f"valid regex: {exc}") from None
         return tuple(compiled)
 
     async def run(self, turn, node: Node) -> str:

@@ -1,5 +1,6 @@
-"""Instruction: attaches {name, text} to the turn (docs/workflow.md). A later Generate template reads
-it as `{{instruction_<name>}}` or in `{{#instructions}}{{name}}: {{text}}{{/instructions}}`.
+"""Instruction: attaches {name, text} to the turn (docs/workflow.md). A later Generate
+template reads it as `{{instruction_<name>}}` or in
+`{{#instructions}}{{name}}: {{text}}{{/instructions}}`.
 The text is Mustache, rendered when the node runs; the name defaults to the node's name.
 It is kept in the interaction (hidden from later prompts) so an exported dialog has it.
 """
