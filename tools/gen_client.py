@@ -49,6 +49,25 @@ def _def(head: str, params: list[str], tail: str) -> list[str]:
     return [f"{head}(", *(f"            {p}," for p in ["self", *params]), f"    ){tail}"]
 
 
+# The generated classes: name, docstring lines, the call table's name, the object that owns
+# wait/start, and whether the methods are coroutines.
+_CLASSES = (
+    ("SyncMethods",
+     ['"""TryllClient\'s request methods (each blocks for its reply)."""'],
+     "Calls", "self", False),
+    ("AsyncMethods",
+     ['"""AsyncTryllClient\'s request methods (each is awaited)."""'],
+     "Calls", "self", True),
+    ("AgentDialogMethods",
+     ['"""Agent\'s dialog and KV-cache requests (each blocks for its reply; 3004 while',
+      'the agent\'s turn runs or is paused)."""'],
+     "DialogCalls", "self.client", False),
+    ("AsyncAgentDialogMethods",
+     ['"""AsyncAgent\'s dialog and KV-cache requests (each is awaited)."""'],
+     "DialogCalls", "self.client", True),
+)
+
+
 def _methods(owner: str, cls, wait: str, start: str, asyncio: bool) -> list[str]:
     out = []
     for name in [n for n in vars(cls) if not n.startswith("_")]:
@@ -86,20 +105,12 @@ def render() -> str:
            "import asyncio", "import concurrent.futures",
            "from typing import Any, Callable, Iterable, Mapping", "",
            "from tryll_fast.client.core import Calls",
-           "from tryll_fast.client.dialog import DialogCalls", "", "",
-           "class SyncMethods:",
-           '    """TryllClient\'s request methods (each blocks for its reply)."""', ""]
-    out += _methods("Calls", Calls, "self.wait", "self.start", False)
-    out += ["", "class AsyncMethods:",
-            '    """AsyncTryllClient\'s request methods (each is awaited)."""', ""]
-    out += _methods("Calls", Calls, "self.wait", "self.start", True)
-    out += ["", "class AgentDialogMethods:",
-            '    """Agent\'s dialog and KV-cache requests (each blocks for its reply; 3004 while',
-            '    the agent\'s turn runs or is paused)."""', ""]
-    out += _methods("DialogCalls", DialogCalls, "self.client.wait", "self.client.start", False)
-    out += ["", "class AsyncAgentDialogMethods:",
-            '    """AsyncAgent\'s dialog and KV-cache requests (each is awaited)."""', ""]
-    out += _methods("DialogCalls", DialogCalls, "self.client.wait", "self.client.start", True)
+           "from tryll_fast.client.dialog import DialogCalls", "", ""]
+    tables = {"Calls": Calls, "DialogCalls": DialogCalls}
+    for name, doc, calls, via, asynchronous in _CLASSES:
+        out += [f"class {name}:", *(f"    {line}" for line in doc), ""]
+        out += _methods(calls, tables[calls], f"{via}.wait", f"{via}.start", asynchronous)
+        out.append("")
     while out[-1] == "":
         out.pop()
     return "\n".join(out) + "\n"
