@@ -8,14 +8,12 @@ import array
 import flatbuffers
 import numpy as np
 
-from benchmarks.reference import Table, load
+from benchmarks.reference import load
 from tryll_fast import codec as c
 
+# the flatc module, its generated functions called directly (T.AnswerTextStart(b), ...),
+# as a user's code calls them after `from messages_generated import *`
 T = load()
-
-
-def ref(name):
-    return Table(T, name)
 
 
 PCM = array.array("h", (int(1000 * ((i % 64) - 32)) for i in range(2048)))   # 4 KiB
@@ -81,82 +79,76 @@ def _s(b, s):
 
 
 def _finish(b, tag, body):
-    M = ref("Message")
-    M.Start(b)
-    M.AddBodyType(b, tag)
-    M.AddBody(b, body)
-    b.FinishSizePrefixed(M.End(b))
+    T.MessageStart(b)
+    T.MessageAddBodyType(b, tag)
+    T.MessageAddBody(b, body)
+    b.FinishSizePrefixed(T.MessageEnd(b))
     return bytes(b.Output())
 
 
 def ref_send_message():
     b = flatbuffers.Builder(256)
-    R = ref("SendMessageRequest")
     t = _s(b, "Good evening! Any rooms free tonight?")
-    R.Start(b)
-    R.AddRequestId(b, 41)
-    R.AddAgentId(b, 3)
-    R.AddText(b, t)
-    return _finish(b, T.MessageBody.SendMessageRequest, R.End(b))
+    T.SendMessageRequestStart(b)
+    T.SendMessageRequestAddRequestId(b, 41)
+    T.SendMessageRequestAddAgentId(b, 3)
+    T.SendMessageRequestAddText(b, t)
+    return _finish(b, T.MessageBody.SendMessageRequest, T.SendMessageRequestEnd(b))
 
 
 def ref_answer_text():
     b = flatbuffers.Builder(128)
-    R = ref("AnswerText")
     t = _s(b, " tavern")
     n = _s(b, "answer")
-    R.Start(b)
-    R.AddRequestId(b, 41)
-    R.AddAgentId(b, 3)
-    R.AddText(b, t)
-    R.AddIsDelta(b, True)
-    R.AddNodeName(b, n)
-    return _finish(b, T.MessageBody.AnswerText, R.End(b))
+    T.AnswerTextStart(b)
+    T.AnswerTextAddRequestId(b, 41)
+    T.AnswerTextAddAgentId(b, 3)
+    T.AnswerTextAddText(b, t)
+    T.AnswerTextAddIsDelta(b, True)
+    T.AnswerTextAddNodeName(b, n)
+    return _finish(b, T.MessageBody.AnswerText, T.AnswerTextEnd(b))
 
 
 def ref_turn_complete():
     b = flatbuffers.Builder(128)
-    R = ref("TurnComplete")
-    R.Start(b)
-    R.AddRequestId(b, 41)
-    R.AddAgentId(b, 3)
-    R.AddStatus(b, 0)
-    R.AddTokensGenerated(b, 64)
-    return _finish(b, T.MessageBody.TurnComplete, R.End(b))
+    T.TurnCompleteStart(b)
+    T.TurnCompleteAddRequestId(b, 41)
+    T.TurnCompleteAddAgentId(b, 3)
+    T.TurnCompleteAddStatus(b, 0)
+    T.TurnCompleteAddTokensGenerated(b, 64)
+    return _finish(b, T.MessageBody.TurnComplete, T.TurnCompleteEnd(b))
 
 
 def ref_tts_audio():
     b = flatbuffers.Builder(5000)
-    R = ref("TtsAudioFrame")
     p = b.CreateNumpyVector(PCM_NP)
     n = _s(b, "speak")
-    R.Start(b)
-    R.AddRequestId(b, 41)
-    R.AddAgentId(b, 3)
-    R.AddPcm(b, p)
-    R.AddNodeName(b, n)
-    R.AddSampleOffset(b, 44100)
-    R.AddSentenceIndex(b, 2)
-    return _finish(b, T.MessageBody.TtsAudioFrame, R.End(b))
+    T.TtsAudioFrameStart(b)
+    T.TtsAudioFrameAddRequestId(b, 41)
+    T.TtsAudioFrameAddAgentId(b, 3)
+    T.TtsAudioFrameAddPcm(b, p)
+    T.TtsAudioFrameAddNodeName(b, n)
+    T.TtsAudioFrameAddSampleOffset(b, 44100)
+    T.TtsAudioFrameAddSentenceIndex(b, 2)
+    return _finish(b, T.MessageBody.TtsAudioFrame, T.TtsAudioFrameEnd(b))
 
 
 def ref_transcript():
     b = flatbuffers.Builder(128)
-    R = ref("WireTranscriptUpdate")
     t = _s(b, "is the blacksmith still open")
-    R.Start(b)
-    R.AddVoiceInputId(b, 1)
-    R.AddText(b, t)
-    R.AddKind(b, 1)
-    R.AddSegmentIndex(b, 0)
-    R.AddStartMs(b, 120)
-    R.AddEndMs(b, 1880)
-    return _finish(b, T.MessageBody.WireTranscriptUpdate, R.End(b))
+    T.WireTranscriptUpdateStart(b)
+    T.WireTranscriptUpdateAddVoiceInputId(b, 1)
+    T.WireTranscriptUpdateAddText(b, t)
+    T.WireTranscriptUpdateAddKind(b, 1)
+    T.WireTranscriptUpdateAddSegmentIndex(b, 0)
+    T.WireTranscriptUpdateAddStartMs(b, 120)
+    T.WireTranscriptUpdateAddEndMs(b, 1880)
+    return _finish(b, T.MessageBody.WireTranscriptUpdate, T.WireTranscriptUpdateEnd(b))
 
 
 def _ref_object_api(value):
     """Complex messages: the official object API (XT ... Pack), as a user would."""
-    obj = ref("Message").MessageT.InitFromPackedBuf(c.encode(value), 4)
+    obj = T.MessageT.InitFromPackedBuf(c.encode(value), 4)
 
     def build():
         b = flatbuffers.Builder(1024)
@@ -210,10 +202,10 @@ def ours_read_all(frame):
 
 
 def _ref_body(frame, name):
-    m = ref("Message").Message.GetRootAs(frame, 4)
+    m = T.Message.GetRootAs(frame, 4)
     m.BodyType()
     tab = m.Body()
-    obj = getattr(ref(name), name)()
+    obj = getattr(T, name)()
     obj.Init(tab.Bytes, tab.Pos)
     return obj
 
@@ -269,7 +261,7 @@ def ref_read_list_models(frame):
 
 def ref_read_all(frame):
     """Every field of a complex message: the object API's full unpack."""
-    return ref("Message").MessageT.InitFromPackedBuf(frame, 4)
+    return T.MessageT.InitFromPackedBuf(frame, 4)
 
 
 MIX = {

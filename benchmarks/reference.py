@@ -33,16 +33,3 @@ def load():
     import messages_generated
     return messages_generated
 
-
-class Table:
-    """`Table(g, "AnswerText").Start(b)` -> `g.AnswerTextStart(b)`; the class
-    itself and its object-API twin keep their names."""
-
-    def __init__(self, g, name):
-        self._g = g
-        self._name = name
-
-    def __getattr__(self, attr):
-        if attr in (self._name, self._name + "T"):
-            return getattr(self._g, attr)
-        return getattr(self._g, self._name + attr)

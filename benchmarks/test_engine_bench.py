@@ -1,22 +1,25 @@
-"""Engine: batched generation with a shared KV prefix vs what a user would
-otherwise run, same model (Gemma 3 270M), same threads, same run.
+"""Engine: batched generation with a shared KV prefix vs what a user would otherwise run,
+same model (Gemma 3 270M), same threads, batch, flash attention and greedy sampling, same
+number of rounds, same run.
 
 Gates (python -m benchmarks.gates):
-  engine_batched_vs_serialised    serialised / batched        >= 2.5
-  engine_batched_vs_prompt_cache  prompt_cache / batched      >= 1.5
-  engine_restore_vs_reprefill     re-prefill / restore        >= 50
-  engine_kv_sharing_efficiency    ideal cells / used cells    >= 0.95
-Reported, not gated: time to first token per agent, p50/p99 inter-token
-latency with 8 and 32 agents, scheduler overhead per step, and how a long prompt
-arriving while others stream stalls them (prefill_while_decoding 0 vs 128)."""
+  engine_batched_vs_serialised      serialised / batched                            >= 2.5
+  engine_batched_vs_prompt_cache    prompt_cache / batched                          >= 1.5
+  engine_agents_per_kv_vs_unshared  agents that fit one KV cache sized for 8 unshared
+                                    agents, sharing the lore / each holding a copy  >= 4
+Reported, not gated: time to first token per agent, p50/p99 inter-token latency with 8
+and 32 agents, scheduler overhead per step, how a long prompt arriving while others stream
+stalls them (prefill_while_decoding 0 vs 128), and a restore from the host-memory tier
+next to a re-prefill (the gated eviction path is in test_evict_bench.py)."""
 import statistics
 import time
 
 import pytest
 
 from benchmarks.engine_workload import (
-    HighLevelBaseline, MAX_TOKENS, N_THREADS, lore, model_path, prompts,
+    FLASH_ATTN, HighLevelBaseline, MAX_TOKENS, N_THREADS, lore, model_path, prompts,
 )
+from tryll_fast.engines.errors import EngineError
 from tryll_fast.engines.llama import LlamaEngine
 
 N_AGENTS = 8
@@ -30,7 +33,8 @@ def gemma():
 @pytest.fixture(scope="module")
 def engine(gemma):
     with LlamaEngine(gemma, n_ctx=4096, n_slots=32, n_prefix_slots=2, n_batch=512,
-                     n_threads=N_THREADS, n_threads_batch=N_THREADS) as eng:
+                     n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                     flash_attn_type=FLASH_ATTN) as eng:
         yield eng
 
 
@@ -46,8 +50,9 @@ def _run_agents(engine, n):
     shared = len(engine.tokenize(base))
     arrivals = [[] for _ in range(n)]
     t0 = time.perf_counter()
-    handles = [engine.submit(p, key=("agent", i), shared_prefix_len=shared, max_tokens=MAX_TOKENS,
-                             ignore_eos=True, on_text=lambda _c, a=arrivals[i]: a.append(time.perf_counter()))
+    handles = [engine.submit(p, key=("agent", i), shared_prefix_len=shared,
+                             max_tokens=MAX_TOKENS, ignore_eos=True,
+                             on_text=lambda _c, a=arrivals[i]: a.append(time.perf_counter()))
                for i, p in enumerate(texts)]
     for h in handles:
         h.result(600)
@@ -71,14 +76,58 @@ def test_agents_batched_shared_prefix(benchmark, engine):
                        setup=lambda: _reset(engine, N_AGENTS), rounds=3, iterations=1)
     t0, handles, arrivals = runs[-1]
     assert all(h.stats.tokens_generated == MAX_TOKENS for h in handles)
-    mem = engine.memory()
-    ideal = mem["prefix_cells"] + sum(s["private_cells"] for s in mem["sequences"].values())
     st = engine.status()
     benchmark.extra_info.update(_latency_report(t0, handles, arrivals),
                                 sched_overhead_ms_per_step=st["overhead_per_step_s"] * 1e3,
-                                decode_share=st["decode_s"] / st["step_s"],
-                                kv_ideal_cells=ideal, kv_used_cells=mem["context"]["kv_cells_used"],
-                                kv_cells_unshared=sum(s["tokens"] for s in mem["sequences"].values()))
+                                decode_share=st["decode_s"] / st["step_s"])
+
+
+# One KV cache of 8 unshared agents' worth of cells: how many agents, each holding the
+# lore, its question and an answer of about MAX_TOKENS tokens (a conversation after its
+# first turn), fit before llama.cpp's llama_decode finds no free cell for the next one. The
+# engine then makes room by evicting idle conversations, so "fits" = the agent's prefill
+# finished and every earlier agent is still resident. Prefill, not generation: the cells
+# held are the same, and one decode per agent keeps the run short.
+KV_AGENTS_UNSHARED = 8
+KV_MAX_AGENTS = 64
+ANSWER = (" Ah, traveller, you have come to the right person. Walk past the temple of the "
+          "Lantern, mind the ferryman's prices, and ask for the widow Marla at the Prancing "
+          "Pony; tell her Brenna sent you and she will find you a warm bed and a bowl of "
+          "stew.")  # about MAX_TOKENS tokens on Gemma's tokenizer
+
+
+def _agents_that_fit(engine, shared: bool) -> dict:
+    base, _ = prompts(1)
+    texts = [t + ANSWER for t in prompts(KV_MAX_AGENTS)[1]]
+    per_agent = max(len(engine.tokenize(t)) for t in texts[:KV_AGENTS_UNSHARED])
+    prefix = len(engine.tokenize(base))
+    with LlamaEngine(engine.model, n_ctx=KV_AGENTS_UNSHARED * per_agent,
+                     n_slots=KV_MAX_AGENTS, n_prefix_slots=1 if shared else 0, n_batch=512,
+                     n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                     flash_attn_type=FLASH_ATTN) as eng:
+        fitted = 0
+        for i, text in enumerate(texts):
+            h = eng.prefill(("agent", i), text, shared_prefix_len=prefix if shared else 0)
+            try:
+                h.result(600)
+            except EngineError:  # KV full with nothing idle left to evict
+                break
+            if any(not eng.conversation(("agent", j))["resident"] for j in range(i)):
+                break
+            fitted += 1
+        return {"n_ctx": eng.ctx.n_ctx, "tokens_per_agent": per_agent,
+                "prefix_tokens": prefix, "agents_fit": fitted,
+                "stopped_by": "max_agents" if fitted == KV_MAX_AGENTS else "kv_full"}
+
+
+@pytest.mark.parametrize("sharing", ["shared", "unshared"])
+def test_agents_per_kv(benchmark, engine, sharing):
+    """Agents sharing the lore prefix vs the same agents each holding their own copy."""
+    benchmark.group = "engine agents per KV cache"
+    out = benchmark.pedantic(_agents_that_fit, args=(engine, sharing == "shared"),
+                             rounds=1, iterations=1)
+    assert out["stopped_by"] == "kv_full", out
+    benchmark.extra_info.update(suite="engine", case=f"kv_fit_{sharing}", **out)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +143,7 @@ def test_agents_baseline(benchmark, baseline, case):
     benchmark.extra_info.update(suite="engine", case=case, agents=N_AGENTS)
     _, texts = prompts(N_AGENTS)
     run = getattr(baseline, case)
-    tokens = benchmark.pedantic(lambda: run(texts), rounds=2, iterations=1)
+    tokens = benchmark.pedantic(lambda: run(texts), rounds=3, iterations=1)
     assert tokens == N_AGENTS * MAX_TOKENS
 
 
