@@ -154,17 +154,32 @@ def debug_stream(client: Client, frames: int) -> tuple[float, int]:
 
 
 def cross_thread_latency(client: Client, count: int, interval_us: int) -> list[float]:
-    """Send-to-receive latency of frames sent one at a time by a server producer thread."""
+    """Latency in seconds of `count` frames a server producer thread sends one at a time,
+    one every `interval_us` (debug `ping`).
+
+    Both ends read CLOCK_MONOTONIC, one clock for every process on the machine: the
+    producer writes time.monotonic_ns() into the frame just before it encodes and sends it,
+    and the client takes the time as soon as recv() returns the bytes, before splitting or
+    decoding them. So the figure is what the clock says about send call -> loop wake-up ->
+    socket -> client, and nothing either server counts itself."""
+    assert not client.pending, "frames left over from an earlier exchange"
     client.sock.sendall(codec.encode(codec.DebugCommandRequest(
         request_id=98, command="ping", args=[str(count), str(interval_us)])))
-    out: list[float] = []
+    recv = client.sock.recv
+    feed = client.splitter.feed
+    clock = time.monotonic_ns
+    out_ns: list[int] = []
     while True:
-        payload = client.next_frame()
-        now = time.monotonic_ns()
-        msg = codec.decode(payload).body
-        if isinstance(msg, codec.DebugCommandResponse):
-            return out
-        out.append((now - int(msg.text)) / 1e9)
+        data = recv(1 << 16)
+        now = clock()
+        if not data:
+            raise ConnectionError("server closed the connection")
+        for payload in feed(data):
+            msg = codec.decode(payload).body
+            if isinstance(msg, codec.DebugCommandResponse):
+                assert json.loads(msg.output)["frames"] == count, msg.output
+                return [ns / 1e9 for ns in out_ns]
+            out_ns.append(now - int(msg.text))
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
