@@ -13,8 +13,9 @@ pytestmark = pytest.mark.model
 
 
 @pytest.fixture
-def engine(smollm2_model):
-    eng = LlamaEngine(smollm2_model, n_ctx=1024, n_slots=4, n_prefix_slots=2, n_batch=128)
+def engine(smollm2_model, tmp_path):
+    eng = LlamaEngine(smollm2_model, n_ctx=1024, n_slots=4, n_prefix_slots=2, n_batch=128,
+                      spill_dir=tmp_path / "kv")
     yield eng
     eng.close()
 
@@ -151,7 +152,8 @@ def test_evict_restore_continues_like_the_unbroken_run(engine):
     engine.evict(("u", 2))
     mem = engine.memory()
     seq = mem["sequences"][repr(("u", 2))]
-    assert not seq["resident"] and seq["host_bytes"] > 0 and seq["private_cells"] == 0
+    assert not seq["resident"] and seq["private_cells"] == 0
+    assert seq["stored"] == "file" and seq["spill_bytes"] > 0 and seq["host_bytes"] == 0
     b = engine.submit(prompt, key=("u", 2), max_tokens=8)
     b.result(60)
     assert b.stats.restored
@@ -160,16 +162,20 @@ def test_evict_restore_continues_like_the_unbroken_run(engine):
     assert b.text == a.text
 
 
-def test_slots_are_evicted_to_host_when_scarce(smollm2_model):
-    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_prefix_slots=1, n_batch=128) as eng:
+@pytest.mark.parametrize("tier", ["file", "host"])
+def test_slots_are_evicted_when_scarce(smollm2_model, tmp_path, tier):
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_prefix_slots=1, n_batch=128,
+                     evict_to=tier, spill_dir=tmp_path) as eng:
         prompts = {i: eng.tokenize(chatml(f"Give me a number bigger than {i}.")) for i in range(3)}
         first = {i: eng.submit(prompts[i], key=i, max_tokens=4) for i in range(3)}
         for h in first.values():
             h.result(60)
-        # three conversations, two slots: one lives in host memory now
+        # three conversations, two slots: one lives in a file (or host memory) now
         mem = eng.memory()
         assert sum(s["resident"] for s in mem["sequences"].values()) == 2
-        assert sum(s["host_bytes"] > 0 for s in mem["sequences"].values()) == 1
+        held = "spill_bytes" if tier == "file" else "host_bytes"
+        assert sum(s[held] > 0 for s in mem["sequences"].values()) == 1
+        assert [s["stored"] for s in mem["sequences"].values()].count(tier) == 1
         again = {i: eng.submit(prompts[i], key=i, max_tokens=4) for i in range(3)}
         for i, h in again.items():
             h.result(60)
@@ -294,8 +300,9 @@ def test_throttle_serves_background_last(smollm2_model):
         assert bg.stats.first_token_s > it.stats.total_s - 0.05
 
 
-def test_memory_returns_to_baseline(smollm2_model):
-    with LlamaEngine(smollm2_model, n_ctx=768, n_slots=3, n_prefix_slots=2, n_batch=128) as eng:
+def test_memory_returns_to_baseline(smollm2_model, tmp_path):
+    with LlamaEngine(smollm2_model, n_ctx=768, n_slots=3, n_prefix_slots=2, n_batch=128,
+                     spill_dir=tmp_path) as eng:
         base = eng.memory()
         assert base["context"]["kv_cells_used"] == 0
         system = eng.tokenize(f"<|im_start|>system\n{LORE}<|im_end|>\n")
@@ -305,13 +312,16 @@ def test_memory_returns_to_baseline(smollm2_model):
                        max_tokens=3, shared_prefix_len=len(system)).result(60)
         eng.evict(keys[0])
         busy = eng.memory()
-        assert busy["context"]["kv_cells_used"] > len(system) and busy["host_bytes"] > 0
+        assert busy["context"]["kv_cells_used"] > len(system) and busy["spill_bytes"] > 0
+        assert busy["host_bytes"] == 0
         for k in keys:
             eng.release(k)
         assert eng.clear_prefixes() >= 1
         after = eng.memory()
         assert after["context"] == base["context"]
         assert after["sequences"] == {} and after["prefixes"] == [] and after["host_bytes"] == 0
+        assert after["spill_bytes"] == 0 and after["spill"]["files"] == 0
+        assert not any(tmp_path.rglob("*.kv"))
         # llama.cpp agrees: every sequence is empty
         ctx = eng.ctx
         assert eng._call(lambda: [ctx.seq_pos_max(s) for s in range(ctx.n_seq_max)], 10) == [-1] * 5

@@ -6,8 +6,9 @@ from tryll_fast.engines.llama import LlamaEngine
 pytestmark = pytest.mark.model
 
 
-def test_gemma_completion_reuse_and_restore(gemma):
-    with LlamaEngine(gemma, n_ctx=512, n_slots=2, n_prefix_slots=1, n_batch=64) as eng:
+def test_gemma_completion_reuse_and_restore(gemma, tmp_path):
+    with LlamaEngine(gemma, n_ctx=512, n_slots=2, n_prefix_slots=1, n_batch=64,
+                     spill_dir=tmp_path) as eng:
         prompt = eng.tokenize("The Eiffel Tower is located in the city of")
         h = eng.submit(prompt, key="g", max_tokens=4)
         assert "Paris" in h.result(120)

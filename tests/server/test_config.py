@@ -91,3 +91,20 @@ def test_docs_list_every_setting():
     text = DOCS.read_text()
     for setting in SETTINGS:
         assert describe(setting) in text, f"docs/configuration.md misses {setting.key}"
+
+
+def test_kv_eviction_settings(tmp_path):
+    cfg = load_config(environ={})
+    assert cfg.workflow_kv_evict_tier == "file" and cfg.llama_kv_spill_dir is None
+    opts = cfg.engine_options()["llama-cpp"]
+    assert (opts["evict_to"], opts["spill_dir"]) == ("file", None)
+    cfg = load_config(environ={"TRYLL_LLAMA_KV_SPILL_DIR": str(tmp_path)},
+                      overrides=["workflow.kv_evict_tier=host"])
+    assert cfg.workflow_kv_evict_tier == "host" and cfg.llama_kv_spill_dir == tmp_path
+    assert cfg.engine_options()["llama-cpp"]["evict_to"] == "host"
+    assert cfg.engine_options()["llama-cpp"]["spill_dir"] == tmp_path
+    # "free" only changes EvictAgentKvCache: a full slot table still spills to a file
+    cfg = load_config(environ={}, overrides=["workflow.kv_evict_tier=free"])
+    assert cfg.engine_options()["llama-cpp"]["evict_to"] == "file"
+    with pytest.raises(ConfigError, match="not one of file, host, free"):
+        load_config(environ={}, overrides=["workflow.kv_evict_tier=disk"])

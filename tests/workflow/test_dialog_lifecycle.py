@@ -526,7 +526,13 @@ def test_kv_prefill_status_evict_restore(server, w):
     assert isinstance(e, codec.EvictAgentKvCacheResponse), e
     assert (e.contexts_evicted, e.residency, e.prefix_status) == \
         (1, Residency.Evicted, Prefix.NotCurrent)
-    assert all(key not in e.memory()["sequences"] for e in server.engines())
+    # the default tier: the KV went to a file, nothing of it stays in RAM
+    [engine] = [e for e in server.engines() if key in e.memory()["sequences"]]
+    mem = engine.memory()
+    seq = mem["sequences"][key]
+    assert (seq["resident"], seq["stored"], seq["host_bytes"]) == (False, "file", 0)
+    spill_dir = mem["spill"]["dir"]
+    assert seq["spill_bytes"] > 0 and len(os.listdir(spill_dir)) >= 1
     assert kv(w, codec.EvictAgentKvCacheRequest, aid).contexts_evicted == 0
     s = kv(w, codec.GetAgentKvCacheStatusRequest, aid)
     assert (s.residency, s.prefix_status) == (Residency.Evicted, Prefix.NotCurrent)
@@ -534,7 +540,11 @@ def test_kv_prefill_status_evict_restore(server, w):
     restored = turn(w, aid, "What is my name?")
     assert restored[-1].status == Status.Success
     info = json.loads(restored[-1].debug_info)
-    assert info["kv_restore"]["tokens_decoded"] + info["kv_restore"]["tokens_reused"] > 10
+    # the file came back: nothing re-prefilled, the turn decoded only its new input
+    assert info["kv_restore"]["tokens_decoded"] == 0 and info["kv_restore"]["tokens_reused"] > 10
+    tokens = prompt_of(restored)["tokens"]
+    assert tokens["cached"] > tokens["prefilled"]
+    assert engine.memory()["sequences"][key]["stored"] is None
     assert kv(w, codec.GetAgentKvCacheStatusRequest, aid).residency == Residency.Resident
 
     # the restored agent saw exactly the prompt a never-evicted twin sees
@@ -562,10 +572,16 @@ def test_kv_requests_for_other_agents(w):
                    ErrorCode.InvalidAgentId)
 
 
-def test_eviction_can_keep_a_host_copy(model_file, tmp_path):
+@pytest.mark.parametrize("setting,tier", [
+    ("workflow.kv_evict_tier=file", "file"),
+    ("workflow.kv_evict_tier=host", "host"),
+    ("workflow.kv_evict_tier=free", "free"),
+])
+def test_eviction_tiers(model_file, tmp_path, setting, tier):
     model_file(SMOL)
+    root = tmp_path / "kv"
     srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
-        "llama.max_n_ctx=2048", "workflow.kv_evict_keeps_host_copy=true"])
+        "llama.max_n_ctx=2048", setting, f"llama.kv_spill_dir={root}"])
     try:
         with Wire(srv.address, timeout=120) as w:
             w.create_session(locale="en")
@@ -577,14 +593,29 @@ def test_eviction_can_keep_a_host_copy(model_file, tmp_path):
             assert (e.contexts_evicted, e.residency) == (1, Residency.Evicted)
             key = repr(("agent", aid, "answer"))
             [engine] = srv.engines()
-            seq = engine.memory()["sequences"][key]
-            assert not seq["resident"] and seq["host_bytes"] > 0
+            mem = engine.memory()
+            spilled = sorted(root.rglob("*.kv"))
+            if tier == "free":
+                assert key not in mem["sequences"] and not spilled
+            else:
+                seq = mem["sequences"][key]
+                assert not seq["resident"] and seq["stored"] == tier
+                assert (seq["host_bytes"] > 0) == (tier == "host")
+                assert (seq["spill_bytes"] > 0) == (tier == "file")
+                assert len(spilled) == (tier == "file")
             frames = turn(w, aid, "And the forest?")
+            assert frames[-1].status == Status.Success
             info = json.loads(frames[-1].debug_info)
-            assert info["kv_restore"]["tokens_decoded"] == 0      # the copy comes back
+            if tier == "free":
+                assert info["kv_restore"]["tokens_decoded"] > 10  # the dialog re-prefilled
+            else:
+                assert info["kv_restore"]["tokens_decoded"] == 0  # the state comes back
             tokens = prompt_of(frames)["tokens"]
             assert tokens["cached"] > tokens["prefilled"]
+            assert not any(root.rglob("*.kv"))
             assert kv(w, codec.GetAgentKvCacheStatusRequest, aid).residency == \
                 Residency.Resident
     finally:
         srv.shutdown(5)
+    # the model was unloaded: its spill directory went with it
+    assert not root.exists() or not any(root.iterdir())

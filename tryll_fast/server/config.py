@@ -116,6 +116,7 @@ class Setting:
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 MiB = 1 << 20
+EVICT_TIERS = ("file", "host", "free")
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("host", "str", "127.0.0.1", "address to listen on", "--host"),
@@ -167,10 +168,13 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
             "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
             minimum=0),
-    Setting("workflow.kv_evict_keeps_host_copy", "bool", False,
-            "EvictAgentKvCache copies each conversation's KV to host memory (restored in "
-            "milliseconds, but the copy costs RAM) instead of freeing it (the next turn "
-            "re-prefills the dialog)"),
+    Setting("workflow.kv_evict_tier", "str", "file",
+            "where EvictAgentKvCache puts each conversation's KV: file (spilled to a file "
+            "under llama.kv_spill_dir: the memory is given back and the next turn restores "
+            "it in milliseconds), host (a copy in RAM: as fast and no disk, but the copy "
+            "holds the memory) or free (freed; the next turn re-prefills the dialog). A "
+            "model's least recently used conversation, evicted when every slot is taken, "
+            "goes to a file too, or to RAM with host", choices=EVICT_TIERS),
     Setting("workflow.regex_timeout_ms", "int", 50,
             "time limit of one guardrail pattern search on one message (over it: 4001)",
             minimum=1, maximum=10_000),
@@ -186,8 +190,21 @@ SETTINGS: tuple[Setting, ...] = (
             "higher gets that prompt its first token sooner", minimum=0),
     Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
             maximum=256),
+    Setting("llama.kv_spill_dir", "path", None,
+            "root of the files evicted KV states are written to: inside it each loaded model "
+            "gets its own directory (mode 0700, named by process id), deleted when the model "
+            "is unloaded (empty = `$XDG_CACHE_HOME/tryll_fast/kv`, else "
+            "`~/.cache/tryll_fast/kv`)"),
 )
 SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def _resolve(key: str, raw: Any, source: str) -> tuple[str, Any] | None:
+    """(setting key, parsed value) of a key from any source; None if unknown."""
+    setting = SETTINGS_BY_KEY.get(key)
+    if setting is not None:
+        return key, setting.parse(raw, source)
+    return None
 
 
 @dataclass(frozen=True)
@@ -213,13 +230,14 @@ class ServerConfig:
     workflow_max_steps_per_turn: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
-    workflow_kv_evict_keeps_host_copy: bool
+    workflow_kv_evict_tier: str
     workflow_regex_timeout_ms: int
     llama_max_n_ctx: int
     llama_n_slots: int
     llama_n_batch: int
     llama_prefill_while_decoding: int
     llama_n_threads: int
+    llama_kv_spill_dir: Path | None
     # where each value came from: key -> "flag" | "env" | "file <path>" | "default"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -254,7 +272,12 @@ class ServerConfig:
         return {"llama-cpp": {"max_n_ctx": self.llama_max_n_ctx, "n_slots": self.llama_n_slots,
                               "n_batch": self.llama_n_batch, "n_threads": self.llama_n_threads,
                               "n_threads_batch": self.llama_n_threads,
-                              "prefill_while_decoding": self.llama_prefill_while_decoding}}
+                              "prefill_while_decoding": self.llama_prefill_while_decoding,
+                              # the slot table's own evictions follow the tier ("free" is
+                              # for EvictAgentKvCache only: those still go to a file)
+                              "evict_to": "host" if self.workflow_kv_evict_tier == "host"
+                              else "file",
+                              "spill_dir": self.llama_kv_spill_dir}}
 
 
 def _check_table() -> None:
@@ -279,12 +302,12 @@ def load_config(*, flags: Mapping[str, Any] | None = None, overrides: Iterable[s
     path = config_file or env.get(ENV_CONFIG) or None
     if path:
         for key, raw in _read_file(Path(path)).items():
-            setting = SETTINGS_BY_KEY.get(key)
             source = f"file {path}"
-            if setting is None:
+            resolved = _resolve(key, raw, source)
+            if resolved is None:
                 raise ConfigError(source, key, f"unknown setting (known: {_known()})")
-            values[key] = setting.parse(raw, source)
-            sources[key] = source
+            values[resolved[0]] = resolved[1]
+            sources[resolved[0]] = source
     for setting in SETTINGS:
         if setting.env in env and not (setting.key == "models_dir" and not env[setting.env]):
             values[setting.key] = setting.parse(env[setting.env], f"environment {setting.env}")
@@ -304,11 +327,11 @@ def load_config(*, flags: Mapping[str, Any] | None = None, overrides: Iterable[s
         key = key.strip()
         if not sep:
             raise ConfigError("--set", item, "expected key=value")
-        setting = SETTINGS_BY_KEY.get(key)
-        if setting is None:
+        resolved = _resolve(key, raw, "--set")
+        if resolved is None:
             raise ConfigError("--set", key, f"unknown setting (known: {_known()})")
-        values[key] = setting.parse(raw, "--set")
-        sources[key] = "flag"
+        values[resolved[0]] = resolved[1]
+        sources[resolved[0]] = "flag"
 
     kwargs: dict[str, Any] = {}
     for setting in SETTINGS:

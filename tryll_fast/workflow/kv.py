@@ -7,13 +7,17 @@ history window (Projection.cacheable_prefix).
 
 - Prefill decodes each eligible node's cacheable prefix into its conversation, reusing
   what the conversation (or the shared prefix cache) already holds.
-- Evict frees each conversation's KV cells outright: eviction is for giving memory back,
-  and on this CPU build the KV cache *is* host memory. The dialog, variables, graph and
-  projections stay; the next SendMessage (or Prefill) restores every eligible node by
-  prefilling its cacheable prefix again, before the turn's first node runs (a shared system
-  prefix still cached costs nothing). With `workflow.kv_evict_keeps_host_copy` the cells
-  move to a host copy instead (llama_state_seq_get_data): the restore is a copy back,
-  milliseconds instead of a re-prefill, and the copy holds the memory meanwhile.
+- Evict frees each conversation's KV cells: eviction is for giving memory back, and on
+  this CPU build the KV cache *is* host memory. By default (`workflow.kv_evict_tier` =
+  file) the engine writes each conversation's state (llama_state_seq_get_data) to a file
+  first and reads it back on the conversation's next request: milliseconds instead of a
+  re-prefill, and no RAM held meanwhile. Tier host keeps that state as a copy in RAM
+  instead (no disk; the copy holds the memory); tier free keeps nothing, and the next turn
+  re-prefills. The dialog, variables, graph and projections stay; the next SendMessage (or
+  Prefill) restores every eligible node before the turn's first node runs: a node whose
+  saved state still holds its cacheable prefix decodes nothing there (its turn reads the
+  state back and decodes only the new input), any other prefills its prefix again (a
+  shared system prefix still cached costs nothing).
 - Status reads the aggregate: residency Resident unless evicted (or never allocated, with
   DeferAllocation); prefix_status Current when every eligible conversation holds its
   node's cacheable prefix now (a turn leaves it NotCurrent: its reply was generated, not
@@ -121,10 +125,12 @@ def prefill(agent, timeout: float = 300.0) -> KvReport:
 
 
 def evict(agent) -> KvReport:
-    """Free every eligible conversation's KV cells (or move them to a host copy, with
-    workflow.kv_evict_keeps_host_copy); the agent keeps everything else."""
+    """Free every eligible conversation's KV cells, their state kept in a file or a host
+    copy (workflow.kv_evict_tier file / host) or dropped (free); the agent keeps everything
+    else."""
     nodes = eligible(agent)
-    keep = agent.runtime.limits.kv_evict_keeps_host_copy
+    tier = agent.runtime.limits.kv_evict_tier
+    keep = tier != "free"
     report = KvReport(applicable=bool(nodes), residency=Residency.Evicted,
                       prefix_status=PrefixStatus.NotCurrent, eligible_node_count=len(nodes))
     for node in nodes:
@@ -142,7 +148,7 @@ def evict(agent) -> KvReport:
             entry.update(evicted=True, tokens=held["tokens"])
             report.contexts_evicted += 1
         if keep:
-            engine.evict(key)
+            engine.evict(key, tier=tier)
         else:
             engine.release(key)
     agent.kv_evicted = bool(nodes)

@@ -25,7 +25,7 @@ class Limits:
     max_agents_per_session: int = 256
     regex_timeout_s: float = 0.05
     tool_call_pause_timeout_ms: int = 0     # 0 = a ToolCall pause waits forever
-    kv_evict_keeps_host_copy: bool = False  # Evict: host copy (fast restore) or free
+    kv_evict_tier: str = "file"   # Evict: to a file or a host copy (fast restore), or free
 
 
 class Runtime:

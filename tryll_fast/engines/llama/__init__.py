@@ -4,9 +4,9 @@ Owns: the low-level llama.cpp model/context wrappers (with Python guards in
 front of every call that could abort the process), the scheduler thread that
 packs all agents into one llama_decode per step, per-request sampler chains,
 the compiled UTF-8/stop-string detokenizer, conversation KV reuse, the shared
-prefix cache, evict/restore to host memory and memory accounting, and pooled
-embeddings (embeddings.py). It implements the LanguageModel and Embeddings roles
-(engines/roles.py); chat templates and tool-call prompting are engine-neutral
+prefix cache, eviction to a file (spill.py) or host memory and restore, memory
+accounting, and pooled embeddings (embeddings.py). It implements the LanguageModel and
+Embeddings roles (engines/roles.py); chat templates and tool-call prompting are engine-neutral
 (tryll_fast/prompting).
 
     from tryll_fast.engines.llama import LlamaEngine, Priority

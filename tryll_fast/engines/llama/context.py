@@ -263,6 +263,11 @@ class LlamaContext:
 
     def state_seq_get(self, seq_id: int) -> bytes:
         """Serialise one sequence's KV to host memory."""
+        return bytes(self.state_seq_buffer(seq_id))
+
+    def state_seq_buffer(self, seq_id: int):
+        """Serialise one sequence's KV into a ctypes buffer (no copy into bytes: the file
+        tier writes it out and drops it)."""
         self.check_seq(seq_id)
         ctx = self._live()
         size = C.llama_state_seq_get_size(ctx, seq_id)
@@ -270,15 +275,21 @@ class LlamaContext:
         got = C.llama_state_seq_get_data(ctx, buf, size, seq_id)
         if got == 0 and self._next_pos[seq_id] > 0:
             raise DecodeError(f"llama_state_seq_get_data failed for seq {seq_id}")
-        return bytes(memoryview(buf)[:got])
+        if got != size:
+            buf = (ctypes.c_uint8 * got).from_buffer_copy(memoryview(buf)[:got])
+        return buf
 
-    def state_seq_set(self, seq_id: int, data: bytes) -> int:
-        """Load a saved sequence into an empty seq id; returns the tokens it holds."""
+    def state_seq_set(self, seq_id: int, data) -> int:
+        """Load a saved sequence (bytes, or a ctypes c_uint8 array used in place) into an
+        empty seq id; returns the tokens it holds."""
         self.check_seq(seq_id)
         if self._next_pos[seq_id] != 0:
             raise InvalidRequest(f"restore into seq {seq_id}, which is not empty")
         ctx = self._live()
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if isinstance(data, ctypes.Array):
+            buf = data
+        else:
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if C.llama_state_seq_set_data(ctx, buf, len(data), seq_id) == 0:
             C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             raise DecodeError(f"llama_state_seq_set_data failed for seq {seq_id} (KV full?)")

@@ -1,34 +1,43 @@
 """Conversation sequences (one per agent x LLM node) and the seq-id slots they occupy.
 
 A conversation keeps its KV between requests so the next turn decodes only
-what changed. Seq ids are scarce (n_seq_max), so an idle conversation can be
-moved to host memory (llama_state_seq_get_data) and is brought back, into
-whichever seq id is free, when its next request is admitted. Slot policy: a
-request that needs a slot takes a free one, else evicts the least recently
-used idle resident conversation; if every resident conversation is busy the
-request stays queued.
+what changed. Seq ids and KV cells are scarce, so an idle conversation can be
+evicted: its state (llama_state_seq_get_data) goes to a file (spill.py, the
+default tier: the memory is given back) or to a host copy (tier "host": no disk,
+but the copy holds the memory), and comes back, into whichever seq id is free,
+when its next request is admitted; a state that cannot come back (file gone or
+damaged, KV full) means the request re-prefills. Slot policy: a request that
+needs a slot takes a free one, else evicts the least recently used idle resident
+conversation; if every resident conversation is busy the request stays queued.
 
 A restored conversation holds private copies of the cells it once shared with
 a cached prefix (the state blob carries them); it stops referencing the entry.
 
 Runs on the scheduler thread only.
 """
+import logging
 import time
 
 from tryll_fast.engines.llama.context import LlamaContext
-from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.errors import EngineError, InvalidRequest
 from tryll_fast.engines.llama.prefix_cache import PrefixCache, PrefixEntry
+from tryll_fast.engines.llama.spill import SpillDir, SpillFile
+
+log = logging.getLogger(__name__)
+
+TIERS = ("file", "host")   # where an evicted conversation's state goes
 
 
 class Conversation:
-    __slots__ = ("key", "seq_id", "tokens", "saved", "prefix", "shared_len",
+    __slots__ = ("key", "seq_id", "tokens", "saved", "spill", "prefix", "shared_len",
                  "busy", "last_used", "anonymous")
 
     def __init__(self, key, anonymous: bool = False):
         self.key = key
         self.seq_id: int | None = None
         self.tokens: list[int] = []       # exactly what the KV (or the saved blob) holds
-        self.saved: bytes | None = None   # host copy while evicted
+        self.saved: bytes | None = None   # host copy while evicted (tier "host")
+        self.spill: SpillFile | None = None   # its file while evicted (tier "file")
         self.prefix: PrefixEntry | None = None
         self.shared_len = 0               # leading cells shared with `prefix`
         self.busy = False
@@ -40,14 +49,24 @@ class Conversation:
         return self.seq_id is not None
 
     @property
+    def stored(self) -> str | None:
+        """Where the evicted state waits: "file", "host" or None (resident, or nothing)."""
+        return "file" if self.spill is not None else "host" if self.saved is not None else None
+
+    @property
     def private_cells(self) -> int:
         return len(self.tokens) - self.shared_len if self.resident else 0
 
 
 class SlotTable:
-    def __init__(self, ctx: LlamaContext, cache: PrefixCache, seq_ids):
+    def __init__(self, ctx: LlamaContext, cache: PrefixCache, seq_ids,
+                 spill: SpillDir | None = None, tier: str = "file"):
+        if tier not in TIERS:
+            raise InvalidRequest(f"eviction tier {tier!r} is not one of {', '.join(TIERS)}")
         self.ctx = ctx
         self.cache = cache
+        self.spill = spill if spill is not None else SpillDir()
+        self.tier = tier
         self.free = list(reversed(seq_ids))
         self.convs: dict[object, Conversation] = {}
 
@@ -67,8 +86,15 @@ class SlotTable:
         if not self.free and not self._evict_lru():
             return False
         conv.seq_id = self.free.pop()
-        if conv.saved is not None:
+        data = None
+        if conv.spill is not None:
+            spill, conv.spill = conv.spill, None
+            data = self.spill.take(spill, len(conv.tokens))
+            if data is None:
+                conv.tokens = []   # the file is gone or damaged: the prompt re-prefills
+        elif conv.saved is not None:
             data, conv.saved = conv.saved, None
+        if data is not None:
             try:
                 n = self.ctx.state_seq_set(conv.seq_id, data)
             except EngineError:
@@ -87,25 +113,52 @@ class SlotTable:
         self.evict(min(idle, key=lambda c: c.last_used))
         return True
 
-    def evict(self, conv: Conversation) -> None:
-        """Move an idle conversation's KV to host memory and free its seq id."""
+    def evict(self, conv: Conversation, tier: str | None = None) -> None:
+        """Move an idle conversation's KV to a file (or, tier "host", to host memory) and
+        free its cells and seq id."""
+        tier = self.tier if tier is None else tier
+        if tier not in TIERS:
+            raise InvalidRequest(f"eviction tier {tier!r} is not one of {', '.join(TIERS)}")
         if conv.busy:
             raise EngineError(f"conversation {conv.key!r} is busy; cancel its request first")
         if not conv.resident:
             return
-        if conv.tokens and not conv.anonymous:
+        if not conv.tokens or conv.anonymous:
+            conv.tokens = []
+        elif tier == "host":
             conv.saved = self.ctx.state_seq_get(conv.seq_id)
         else:
-            conv.tokens = []
+            buf = self.ctx.state_seq_buffer(conv.seq_id)
+            try:
+                conv.spill = self.spill.write(buf, len(conv.tokens))
+            except OSError as exc:
+                # giving the memory back matters more than a fast restore
+                log.warning("could not spill KV state to %s (%s); the conversation will "
+                            "re-prefill", self.spill.root, exc)
+                conv.tokens = []
+            del buf
         self._drop_kv(conv)
 
     def release(self, conv: Conversation) -> None:
-        """Forget the conversation: KV, host copy and slot."""
+        """Forget the conversation: KV, host copy or file, and slot."""
         if conv.resident:
             self._drop_kv(conv)
-        conv.saved = None
+        self._forget_saved(conv)
         conv.tokens = []
         self.convs.pop(conv.key, None)
+
+    def _forget_saved(self, conv: Conversation) -> None:
+        conv.saved = None
+        if conv.spill is not None:
+            spill, conv.spill = conv.spill, None
+            self.spill.discard(spill)
+
+    def close(self) -> None:
+        """The engine is closing: delete every spilled file and the directory."""
+        for conv in self.convs.values():
+            conv.spill = None
+            conv.saved = None
+        self.spill.close()
 
     def _drop_kv(self, conv: Conversation) -> None:
         self.ctx.seq_rm(conv.seq_id, 0)
@@ -160,6 +213,8 @@ class SlotTable:
                 "tokens": len(c.tokens), "shared_cells": c.shared_len if c.resident else 0,
                 "private_cells": c.private_cells, "kv_bytes": c.private_cells * bpc,
                 "host_bytes": len(c.saved) if c.saved else 0,
+                "spill_bytes": c.spill.size if c.spill else 0,   # on disk, not in RAM
+                "stored": c.stored,
                 "prefix": c.prefix.id if c.prefix else None,
             }
         return out

@@ -19,6 +19,8 @@ import time
 from tryll_fast.engines.llama import model as model_mod
 from tryll_fast.engines.llama._detok import TextStream
 from tryll_fast.engines.llama.context import LlamaContext
+from tryll_fast.engines.llama.conversations import TIERS
+from tryll_fast.engines.llama.spill import SpillDir
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest
 from tryll_fast.engines.llama.model import LlamaModel
 from tryll_fast.engines.llama.request import RequestHandle
@@ -34,9 +36,12 @@ MAX_THROTTLE_SLEEP_S = 0.25
 class LlamaEngine:
     """Batched generation for many conversations on one model.
 
-    n_slots conversation sequences can be resident at once (more wait or are
-    evicted to host memory when idle); n_prefix_slots more seq ids hold shared
-    prefixes. The KV cache has n_ctx cells shared by all of them. A step carries at most
+    n_slots conversation sequences can be resident at once (more wait, or idle ones
+    are evicted); n_prefix_slots more seq ids hold shared prefixes. An evicted
+    conversation's state goes to a file under spill_dir (evict_to="file", the
+    default: its memory is given back; None = `$XDG_CACHE_HOME/tryll_fast/kv`) or
+    stays in host memory (evict_to="host"), and is restored by its next request.
+    The KV cache has n_ctx cells shared by all of them. A step carries at most
     n_batch tokens; while sequences are generating, prompts get at most
     prefill_while_decoding of them (0 = no cap), so a new long prompt cannot stall the
     streams already running.
@@ -45,13 +50,16 @@ class LlamaEngine:
     def __init__(self, model, *, n_ctx: int = 4096, n_slots: int = 8, n_prefix_slots: int = 2,
                  n_batch: int = 512, n_threads: int = 2, n_threads_batch: int = 2,
                  prefix_cell_budget: int | None = None, throttle: float = 0.0,
-                 flash_attn_type: int = -1, prefill_while_decoding: int = 0):
+                 flash_attn_type: int = -1, prefill_while_decoding: int = 0,
+                 evict_to: str = "file", spill_dir: str | os.PathLike | None = None):
         if n_slots < 1 or n_prefix_slots < 0:
             raise InvalidRequest(
                 f"n_slots={n_slots} must be >= 1, n_prefix_slots={n_prefix_slots} >= 0")
         if not isinstance(prefill_while_decoding, int) or prefill_while_decoding < 0:
             raise InvalidRequest(f"prefill_while_decoding={prefill_while_decoding!r} must be "
                                  "an int >= 0 (0 = n_batch)")
+        if evict_to not in TIERS:
+            raise InvalidRequest(f"evict_to={evict_to!r} is not one of {', '.join(TIERS)}")
         if n_batch < n_slots:
             # every generating sequence needs its token in each step's batch
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
@@ -67,7 +75,8 @@ class LlamaEngine:
                 self.model.close()
             raise
         budget = self.ctx.n_ctx // 2 if prefix_cell_budget is None else prefix_cell_budget
-        self._sched = Scheduler(self.ctx, n_slots, budget)
+        spill = SpillDir(spill_dir, label=os.path.splitext(os.path.basename(self.model.path))[0])
+        self._sched = Scheduler(self.ctx, n_slots, budget, spill, evict_to)
         self._sched.prefill_while_decoding = prefill_while_decoding
         self._piece_fn = model_mod.token_to_piece_address()
         self._ids = itertools.count(1)
@@ -201,17 +210,22 @@ class LlamaEngine:
 
     # -- control (run on the scheduler thread) --------------------------------------------
 
-    def evict(self, key, timeout: float | None = 30) -> None:
-        """Move an idle conversation's KV to host memory now (restored on its next request)."""
+    def evict(self, key, timeout: float | None = 30, tier: str | None = None) -> None:
+        """Free an idle conversation's KV cells now, its state kept in a file (tier "file")
+        or in host memory ("host"; None = the engine's evict_to) and restored by its next
+        request."""
+        if tier is not None and tier not in TIERS:
+            raise InvalidRequest(f"tier={tier!r} is not one of {', '.join(TIERS)}")
+
         def run():
             conv = self._sched.slots.get(key)
             if conv is None:
                 raise InvalidRequest(f"no conversation {key!r}")
-            self._sched.slots.evict(conv)
+            self._sched.slots.evict(conv, tier)
         self._call(run, timeout)
 
     def release(self, key, timeout: float | None = 30) -> None:
-        """Cancel the conversation's requests and free its KV and host copy."""
+        """Cancel the conversation's requests and free its KV and saved state."""
         def run():
             self._sched.cancel_key(key)
             conv = self._sched.slots.get(key)
@@ -221,15 +235,16 @@ class LlamaEngine:
 
     def conversation(self, key, prefix=None, timeout: float | None = 30) -> dict | None:
         """What the engine holds for a conversation (None: nothing): its token count,
-        whether its KV is in a seq slot or a host copy, whether it is busy, and whether its
-        tokens start with `prefix` (a token list)."""
+        whether its KV is in a seq slot or saved (`saved`; `stored`: "file" or "host"), whether
+        it is busy, and whether its tokens start with `prefix` (a token list)."""
         def run():
             conv = self._sched.slots.get(key)
             if conv is None:
                 return None
             held = conv.tokens
             return {"tokens": len(held), "resident": conv.resident,
-                    "saved": conv.saved is not None, "busy": conv.busy,
+                    "saved": conv.stored is not None, "stored": conv.stored,
+                    "busy": conv.busy,
                     "holds_prefix": prefix is not None and len(held) >= len(prefix)
                     and held[:len(prefix)] == list(prefix)}
         return self._call(run, timeout)
@@ -371,6 +386,7 @@ class LlamaEngine:
         for _, fut in commands:
             fut.set_exception(EngineClosed("engine is closed"))
         self._sched.shutdown()
+        self._sched.slots.close()
         self.ctx.close()
         if self._owns_model:
             self.model.close()

@@ -23,6 +23,7 @@ from tryll_fast.engines.llama.conversations import Conversation, SlotTable
 from tryll_fast.engines.errors import DecodeError
 from tryll_fast.engines.llama.prefix_cache import PrefixCache
 from tryll_fast.engines.llama.request import RequestHandle
+from tryll_fast.engines.llama.spill import SpillDir
 from tryll_fast.engines.llama.sampling import SamplerChain
 from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 
@@ -70,7 +71,8 @@ class Request:
 
 
 class Scheduler:
-    def __init__(self, ctx: LlamaContext, n_slots: int, prefix_cell_budget: int):
+    def __init__(self, ctx: LlamaContext, n_slots: int, prefix_cell_budget: int,
+                 spill: SpillDir | None = None, evict_to: str = "file"):
         self.ctx = ctx
         self.model = ctx.model
         # A set test per sampled token instead of a ctypes call (which would also drop and
@@ -79,7 +81,7 @@ class Scheduler:
         conv_ids = list(range(n_slots))
         cache_ids = list(range(n_slots, ctx.n_seq_max))
         self.cache = PrefixCache(ctx, cache_ids, prefix_cell_budget)
-        self.slots = SlotTable(ctx, self.cache, conv_ids)
+        self.slots = SlotTable(ctx, self.cache, conv_ids, spill, evict_to)
         self.waiting = {Priority.INTERACTIVE: collections.deque(),
                         Priority.BACKGROUND: collections.deque()}
         self.running: list[Request] = []
@@ -123,11 +125,11 @@ class Scheduler:
                 conv = self.slots.get_or_create(r.key, r.anonymous)
                 if conv.busy:
                     continue  # one request per conversation at a time, in order
-                was_saved = conv.saved is not None
+                was_saved = conv.stored is not None
                 if not self.slots.acquire(conv):
                     continue
                 q.remove(r)
-                r.handle.stats.restored = was_saved and conv.saved is None and bool(conv.tokens)
+                r.handle.stats.restored = was_saved and bool(conv.tokens)
                 self._start(r, conv)
                 started += 1
         self._drop_finished()
@@ -357,6 +359,7 @@ class Scheduler:
         prefix_cells = sum(p["own_cells"] for p in prefixes)
         used = sum(s["private_cells"] for s in seqs.values()) + prefix_cells
         host = sum(s["host_bytes"] for s in seqs.values())
+        spill = self.slots.spill
         return {
             "model": {"path": self.model.path, "architecture": self.model.architecture,
                       "weights_bytes": self.model.weights_bytes, "n_params": self.model.n_params},
@@ -367,7 +370,12 @@ class Scheduler:
             "sequences": seqs,
             "prefixes": prefixes,
             "prefix_cells": prefix_cells,
-            "host_bytes": host,
+            "host_bytes": host,         # evicted states held in RAM (tier "host")
+            "spill": {"dir": str(spill.path) if spill.path else None,
+                      "bytes": spill.bytes, "files": spill.files,
+                      "peak_bytes": spill.peak_bytes, "writes": spill.writes,
+                      "restores": spill.restores, "failures": spill.failures},
+            "spill_bytes": spill.bytes,  # evicted states on disk (tier "file"), not RAM
         }
 
     def status(self) -> dict:
