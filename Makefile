@@ -1,6 +1,7 @@
 # tryll_fast developer entry points. Everything runs inside .venv (Python 3.11).
 #   make test    install (builds the Cython extensions) and run the tests
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
+#   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make fuzz    a longer atheris campaign on the codec
 #   make gen     regenerate checked-in code from schema/
 #   make serve   install, fetch the default models, serve on 127.0.0.1:9100
@@ -28,7 +29,15 @@ LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-noamx
 LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
 
-.PHONY: test bench fuzz gen serve install clean profile-build
+# The peer benchmark (benchmarks/test_peer_llama_server.py) runs llama.cpp's own
+# llama-server, built from the vendor/llama.cpp of the same sdist with the same AMX-off
+# flags, so both sides run the same kernels. Static, no OpenSSL, no web UI download, and
+# only the llama-server target: built once per machine into the cache and reused.
+LLAMA_SERVER_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/llama-server-$(LLAMA_CPP_VERSION)-noamx
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/llama-server
+export TRYLL_LLAMA_SERVER := $(LLAMA_SERVER)
+
+.PHONY: test bench fuzz gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +50,27 @@ $(LLAMA_WHEEL): | $(PY)
 		-w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	touch $@
 
+# pip download of the sdist alone: with --no-binary :all: pip would also compile the build
+# backend's own requirements (cmake itself) from source just to read the metadata.
+$(LLAMA_SERVER): | $(PY)
+	rm -rf $(LLAMA_SERVER_DIR)/src && mkdir -p $(LLAMA_SERVER_DIR)/src
+	$(PIP) download --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir \
+		-d $(LLAMA_SERVER_DIR)/src llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar -xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz \
+		-C $(LLAMA_SERVER_DIR)/src
+	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp \
+		-B $(LLAMA_SERVER_DIR)/src/build -DCMAKE_BUILD_TYPE=Release \
+		-DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+		-DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)" \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+		-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+	cmake --build $(LLAMA_SERVER_DIR)/src/build --target llama-server -j 2
+	cp $(LLAMA_SERVER_DIR)/src/build/bin/llama-server $@.tmp && mv $@.tmp $@
+	rm -rf $(LLAMA_SERVER_DIR)/src
+
+llama-server: $(LLAMA_SERVER)
+
 # Re-install (and so recompile) only when a build input changed.
 $(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL)
 	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) -e '.[test]'
@@ -51,7 +81,7 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: install
+bench: install $(LLAMA_SERVER)
 	mkdir -p benchmarks/results
 	$(PY) -m pytest benchmarks -q -p no:randomly --benchmark-only \
 		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)

@@ -1,167 +1,259 @@
-"""Turn the latest benchmark results into gates.
+"""Turn the latest benchmark results into gates, and keep the evidence.
 
-    python -m benchmarks.gates [results.json]
+    python -m benchmarks.gates [results.json] [--no-summary]
 
-Prints one line per gate, `GATE <name> <measured> <op> <threshold> PASS|FAIL`,
-then exits 1 if any gate failed (or could not be measured). Gates are ratios
-between implementations measured in the same run, so a noisy shared machine
-shifts both sides together."""
-import glob
+Prints the per-suite tables, then one line per gate, `GATE <name> <measured> <op>
+<threshold> PASS|FAIL`, and exits 1 if any gate failed (or could not be measured). Unless
+told not to, it writes benchmarks/results/summary.json: the commit, the date, every gate's
+value and threshold, and the compacted results the gates were computed from, so a reader
+can check a claim (and this module's arithmetic) without rerunning the benchmarks.
+
+Every gate compares two measured sides of the same run: ours against the baseline a user
+would otherwise run (a ratio), or a client-side clock against the engine's (an overhead).
+`swap_sides()` exchanges them in a results file; a gate that still passes then measures
+nothing, and tests/test_benchmark_gates.py checks that none does."""
+import copy
+import datetime
 import json
 import math
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
+LATEST = os.path.join(RESULTS, "latest.json")
+SUMMARY = os.path.join(RESULTS, "summary.json")
 
 
-def latest_results():
-    files = sorted(glob.glob(os.path.join(RESULTS, "*.json")), key=os.path.getmtime)
-    if not files:
-        raise SystemExit("no benchmark results under benchmarks/results/: run `make bench`")
-    return files[-1]
+class Pick:
+    """One measured side: the benchmarks whose extra_info has every `where` item; the
+    value is their stats.median (field None) or extra_info[field]."""
+
+    def __init__(self, field=None, **where):
+        self.field = field
+        self.where = where
+
+    def entries(self, data):
+        return [b for b in data["benchmarks"]
+                if all(b.get("extra_info", {}).get(k) == v for k, v in self.where.items())]
+
+    def get(self, b):
+        return b["stats"]["median"] if self.field is None else b["extra_info"].get(self.field)
+
+    def put(self, b, value):
+        if self.field is None:
+            b["stats"]["median"] = value
+        else:
+            b["extra_info"][self.field] = value
 
 
-def medians(data, suite):
-    """{(op, msg, impl): median seconds} for one suite."""
-    out = {}
-    for b in data["benchmarks"]:
-        info = b.get("extra_info", {})
-        if info.get("suite") == suite:
-            out[(info["op"], info["msg"], info["impl"])] = b["stats"]["median"]
-    return out
-
-
-def codec_ratios(data, op):
-    """Per message: median(official) / median(ours)."""
-    m = medians(data, "codec")
-    msgs = sorted({k[1] for k in m if k[0] == op})
-    return {msg: m[(op, msg, "flatbuffers")] / m[(op, msg, "ours")]
-            for msg in msgs if (op, msg, "flatbuffers") in m and (op, msg, "ours") in m}
-
-
-def geomean(values):
+def _geomean(values):
     values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def engine_cases(data):
-    """{case: (median seconds, extra_info)} for the engine suite."""
-    return {b["extra_info"]["case"]: (b["stats"]["median"], b["extra_info"])
-            for b in data["benchmarks"] if b.get("extra_info", {}).get("suite") == "engine"}
-
-
-def engine_ratio(num, den):
-    def measure(data):
-        cases = engine_cases(data)
-        if num not in cases or den not in cases:
-            return float("nan")
-        return cases[num][0] / cases[den][0]
-    return measure
-
-
-def kv_sharing_efficiency(data):
-    info = engine_cases(data).get("batched", (0, {}))[1]
-    if not info.get("kv_used_cells"):
+    if not values or any(v is None or v <= 0 for v in values):
         return float("nan")
-    return info["kv_ideal_cells"] / info["kv_used_cells"]
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def transport_cases(data):
-    """{(case, impl): (median seconds, extra_info)} for the transport suite."""
-    return {(b["extra_info"]["case"], b["extra_info"]["impl"]): (b["stats"]["median"],
-                                                                  b["extra_info"])
-            for b in data["benchmarks"] if b.get("extra_info", {}).get("suite") == "transport"}
+class Ratio:
+    """value = num / den (geometric mean over `by` groups when given), gated `>=`."""
+    op = ">="
 
+    def __init__(self, name, num, den, threshold, by=None):
+        self.name, self.num, self.den, self.threshold, self.by = name, num, den, threshold, by
 
-def transport_ratio(case):
-    """median(uvloop) / median(ours) for the same work."""
-    def measure(data):
-        cases = transport_cases(data)
-        if (case, "ours") not in cases or (case, "uvloop") not in cases:
+    def _pairs(self, data):
+        key = (lambda b: b["extra_info"].get(self.by)) if self.by else (lambda b: None)
+        nums = {key(b): b for b in self.num.entries(data)}
+        dens = {key(b): b for b in self.den.entries(data)}
+        return [(nums[k], dens[k]) for k in sorted(nums, key=str) if k in dens]
+
+    def measure(self, data):
+        pairs = self._pairs(data)
+        if not pairs or (self.by is None and len(pairs) != 1):
             return float("nan")
-        return cases[(case, "uvloop")][0] / cases[(case, "ours")][0]
-    return measure
+        return _geomean(self.num.get(n) / self.den.get(d)
+                        if self.num.get(n) is not None and self.den.get(d) else None
+                        for n, d in pairs)
+
+    def passes(self, value):
+        return value >= self.threshold
+
+    def swap(self, data):
+        for n, d in self._pairs(data):
+            a, b = self.num.get(n), self.den.get(d)
+            self.num.put(n, b)
+            self.den.put(d, a)
 
 
-def workflow_info(data, case):
-    for b in data["benchmarks"]:
-        info = b.get("extra_info", {})
-        if info.get("suite") == "workflow" and info.get("case") == case:
-            return info
-    return {}
+class Overhead:
+    """value = a duration the client's clock saw minus the engine's own for the same
+    event, recorded per event and summarised (p50) by the benchmark; gated `<=`. Such a
+    difference cannot be negative: a negative one means the two clocks were read in the
+    wrong order, so it fails too. Swapping the sides negates it."""
+    op = "<="
+
+    def __init__(self, name, pick, threshold):
+        self.name, self.pick, self.threshold = name, pick, threshold
+
+    def measure(self, data):
+        entries = self.pick.entries(data)
+        if len(entries) != 1 or self.pick.get(entries[0]) is None:
+            return float("nan")
+        return float(self.pick.get(entries[0]))
+
+    def passes(self, value):
+        return 0.0 <= value <= self.threshold
+
+    def swap(self, data):
+        for b in self.pick.entries(data):
+            if self.pick.get(b) is not None:
+                self.pick.put(b, -self.pick.get(b))
 
 
-def workflow_value(case, key):
-    def measure(data):
-        return float(workflow_info(data, case).get(key, float("nan")))
-    return measure
+def _codec(op, impl):
+    return Pick(suite="codec", op=op, impl=impl)
 
 
-# name, how to measure, op, threshold
+def _engine(case, field=None):
+    return Pick(field, suite="engine", case=case)
+
+
+def _transport(case, impl, field=None):
+    return Pick(field, suite="transport", case=case, impl=impl)
+
+
+def _peer(case, impl):
+    return Pick(suite="peer", case=case, impl=impl)
+
+
 GATES = [
-    ("codec_decode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "decode").values()),
-     ">=", 20.0),
-    ("codec_encode_vs_flatbuffers", lambda d: geomean(codec_ratios(d, "encode").values()),
-     ">=", 20.0),
-    ("engine_batched_vs_serialised", engine_ratio("serialised", "batched"), ">=", 2.5),
-    ("engine_batched_vs_prompt_cache", engine_ratio("prompt_cache", "batched"), ">=", 1.5),
-    ("engine_restore_vs_reprefill", engine_ratio("reprefill", "restore"), ">=", 50.0),
-    ("engine_kv_sharing_efficiency", kv_sharing_efficiency, ">=", 0.95),
-    ("transport_rps_vs_uvloop_64conn", transport_ratio("rps_64conn"), ">=", 1.3),
-    ("transport_stream_vs_uvloop", transport_ratio("stream_100k"), ">=", 1.5),
-    ("workflow_first_token_overhead_ms",
-     workflow_value("single_agent", "first_token_overhead_ms_p50"), "<=", 2.0),
-    ("workflow_token_overhead_us", workflow_value("single_agent", "token_handoff_us_p50"),
-     "<=", 50.0),
+    Ratio("codec_decode_vs_flatbuffers", _codec("decode", "flatbuffers"),
+          _codec("decode", "ours"), 20.0, by="msg"),
+    Ratio("codec_encode_vs_flatbuffers", _codec("encode", "flatbuffers"),
+          _codec("encode", "ours"), 20.0, by="msg"),
+    Ratio("engine_batched_vs_serialised", _engine("serialised"), _engine("batched"), 2.5),
+    Ratio("engine_batched_vs_prompt_cache", _engine("prompt_cache"), _engine("batched"), 1.5),
+    Ratio("engine_evict_restore_vs_reprefill", _engine("evict_reprefill"),
+          _engine("evict_restore"), 20.0),
+    Ratio("npc_roaming_first_token_vs_reprefill",
+          _engine("npc_roaming_reprefill", "first_token_ms_p50"),
+          _engine("npc_roaming", "first_token_ms_p50"), 10.0),
+    Ratio("engine_agents_per_kv_vs_unshared", _engine("kv_fit_shared", "agents_fit"),
+          _engine("kv_fit_unshared", "agents_fit"), 4.0),
+    Ratio("peer_first_contact_vs_llama_server", _peer("first_contact", "llama_server"),
+          _peer("first_contact", "ours"), 1.5),
+    Ratio("peer_warm_vs_llama_server", _peer("warm", "llama_server"), _peer("warm", "ours"),
+          1.0),
+    Ratio("transport_rps_vs_uvloop_64conn", _transport("rps_64conn", "uvloop"),
+          _transport("rps_64conn", "ours"), 1.3),
+    Ratio("transport_stream_vs_uvloop", _transport("stream_100k", "uvloop"),
+          _transport("stream_100k", "ours"), 1.5),
+    Ratio("transport_cross_thread_p50_vs_uvloop",
+          _transport("cross_thread_1ms", "uvloop", "latency_us_p50"),
+          _transport("cross_thread_1ms", "ours", "latency_us_p50"), 1.0),
+    Overhead("workflow_first_token_overhead_ms",
+             Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
+    Overhead("workflow_token_sent_us",
+             Pick("token_sent_us_p50", suite="workflow", case="single_agent"), 250.0),
 ]
 
 
+def evaluate(data):
+    """[(gate, value, passed)] in GATES order."""
+    out = []
+    for gate in GATES:
+        value = gate.measure(data)
+        out.append((gate, value, not math.isnan(value) and gate.passes(value)))
+    return out
+
+
+def swap_sides(data, gate):
+    """A copy of the results with `gate`'s two sides exchanged (one gate at a time: gates
+    share sides, the batched engine run is the denominator of two)."""
+    data = copy.deepcopy(data)
+    gate.swap(data)
+    return data
+
+
+def compact(data):
+    """Only what the gates and the tables read: name, extra_info, a few stats."""
+    return {"benchmarks": [
+        {"name": b["name"], "extra_info": b.get("extra_info", {}),
+         "stats": {k: b["stats"][k] for k in ("median", "min", "max", "rounds")
+                   if k in b["stats"]}}
+        for b in data["benchmarks"]]}
+
+
+def _git(*args):
+    try:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def summary(data, results):
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(dirty) if dirty is not None else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": data.get("machine_info", {}).get("cpu", {}).get("brand_raw"),
+        "gates": [{"name": g.name, "value": None if math.isnan(v) else round(v, 4),
+                   "op": g.op, "threshold": g.threshold, "pass": ok}
+                  for g, v, ok in results],
+        "results": compact(data),
+    }
+
+
+def _details(info, skip, digits=3):
+    return {k: (round(v, digits) if isinstance(v, float) else v) for k, v in info.items()
+            if k not in skip}
+
+
 def report(data):
-    """The per-suite tables (for docs/benchmarks.md), then the gates."""
-    cases = engine_cases(data)
-    if cases:
-        print(f"{'engine case':16} {'median s':>9}  details")
-        for case, (median, info) in sorted(cases.items()):
-            details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
-                       if k not in ("suite", "case")}
-            print(f"{case:16} {median:9.3f}  {details}")
-    for case in ("single_agent", "eight_agents", "resume", "kv_lifecycle",
-                 "kv_lifecycle_host_copy"):
-        info = workflow_info(data, case)
-        if info:
-            details = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in info.items()
-                       if k not in ("suite", "case")}
-            print(f"workflow {case:14} {details}")
-    transport = transport_cases(data)
-    if transport:
-        print(f"{'transport case':16} {'impl':13} {'median s':>9}  details")
-        for (case, impl), (median, info) in sorted(transport.items()):
-            details = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in info.items()
-                       if k not in ("suite", "case", "impl")}
-            print(f"{case:16} {impl:13} {median:9.4f}  {details}")
-    m = medians(data, "codec")
-    if m:
+    """The per-suite tables (for docs/benchmarks.md)."""
+    by_suite = {}
+    for b in data["benchmarks"]:
+        info = b.get("extra_info", {})
+        by_suite.setdefault(info.get("suite"), []).append(b)
+    for suite in ("engine", "peer", "workflow", "transport"):
+        rows = sorted(by_suite.get(suite, []),
+                      key=lambda b: (b["extra_info"].get("case"), b["extra_info"].get("impl")))
+        for b in rows:
+            info = b["extra_info"]
+            label = f"{suite} {info.get('case')}" + (f" [{info['impl']}]" if "impl" in info
+                                                     else "")
+            print(f"{label:40} {b['stats']['median']:9.4f} s  "
+                  f"{_details(info, ('suite', 'case', 'impl'))}")
+    codec = {(b["extra_info"]["op"], b["extra_info"]["msg"], b["extra_info"]["impl"]):
+             b["stats"]["median"] for b in by_suite.get("codec", [])}
+    if codec:
         print(f"{'message':24} {'op':6} {'ours µs':>9} {'official µs':>12} {'ratio':>7}")
-        for op in ("decode", "encode"):
-            for msg, r in codec_ratios(data, op).items():
-                print(f"{msg:24} {op:6} {m[(op, msg, 'ours')] * 1e6:9.2f} "
-                      f"{m[(op, msg, 'flatbuffers')] * 1e6:12.2f} {r:7.1f}")
+        for op, msg in sorted({(k[0], k[1]) for k in codec}):
+            ours, ref = codec.get((op, msg, "ours")), codec.get((op, msg, "flatbuffers"))
+            if ours and ref:
+                print(f"{msg:24} {op:6} {ours * 1e6:9.2f} {ref * 1e6:12.2f} {ref / ours:7.1f}")
 
 
 def main(argv):
-    path = argv[1] if len(argv) > 1 else latest_results()
+    args = [a for a in argv[1:] if not a.startswith("--")]
+    path = args[0] if args else LATEST
+    if not os.path.exists(path):
+        raise SystemExit(f"no benchmark results at {path}: run `make bench`")
     with open(path) as f:
         data = json.load(f)
     report(data)
-    failed = False
-    for name, measure, op, threshold in GATES:
-        value = measure(data)
-        ok = (not math.isnan(value)) and (value >= threshold if op == ">=" else value <= threshold)
-        failed |= not ok
-        print(f"GATE {name} {value:.2f} {op} {threshold:g} {'PASS' if ok else 'FAIL'}")
-    return 1 if failed else 0
+    results = evaluate(data)
+    for gate, value, ok in results:
+        print(f"GATE {gate.name} {value:.2f} {gate.op} {gate.threshold:g} "
+              f"{'PASS' if ok else 'FAIL'}")
+    if "--no-summary" not in argv:
+        with open(SUMMARY, "w") as f:
+            json.dump(summary(data, results), f, indent=1, sort_keys=True)
+            f.write("\n")
+    return 0 if all(ok for _, _, ok in results) else 1
 
 
 if __name__ == "__main__":

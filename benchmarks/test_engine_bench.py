@@ -221,7 +221,7 @@ def test_reprefill(benchmark, engine):
 
 
 def test_restore(benchmark, engine):
-    """Evicted to host memory, then brought back for the same prompt."""
+    """Evicted to host memory (tier "host"), then brought back for the same prompt."""
     benchmark.group = "engine restore"
     benchmark.extra_info.update(suite="engine", case="restore")
     prompt = _one_prompt()
@@ -230,4 +230,5 @@ def test_restore(benchmark, engine):
     engine.prefill(("solo", 0), prompt).result(600)
     handles = []
     benchmark.pedantic(lambda: handles.append(engine.prefill(("solo", 0), prompt).result(600)),
-                       setup=lambda: engine.evict(("solo", 0)), rounds=5, iterations=1)
+                       setup=lambda: engine.evict(("solo", 0), tier="host"), rounds=5,
+                       iterations=1)

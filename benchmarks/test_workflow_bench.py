@@ -206,7 +206,7 @@ def test_resume_latency(benchmark, server):
 @pytest.fixture(scope="module")
 def host_copy_server():
     proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS + (
-        "workflow.kv_evict_keeps_host_copy=true",))
+        "workflow.kv_evict_tier=host",))
     yield proc
     proc.close()
 
@@ -218,7 +218,7 @@ def test_evict_and_restore(benchmark, server):
 
 
 def test_evict_and_restore_host_copy(benchmark, host_copy_server):
-    """The same with workflow.kv_evict_keeps_host_copy: the restore copies the KV back."""
+    """The same with workflow.kv_evict_tier=host: the KV is copied to host memory and back."""
     _evict_and_restore(benchmark, host_copy_server, "kv_lifecycle_host_copy")
 
 

@@ -1,0 +1,78 @@
+"""The benchmark gates can fail, and the committed evidence adds up.
+
+benchmarks/results/summary.json is written by `make bench` and committed with every change
+to docs/benchmarks.md: the gates' values and the compacted results they came from. Here
+the gates are recomputed from those results, and computed again with each gate's two
+measured sides exchanged (ours in the baseline's place, the client clock in the engine's),
+where every one of them must FAIL."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import gates
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def summary():
+    with open(gates.SUMMARY) as f:
+        return json.load(f)
+
+
+def test_summary_names_a_commit_of_this_repository(summary):
+    assert len(summary["commit"]) == 40
+    kind = subprocess.run(["git", "cat-file", "-t", summary["commit"]], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert kind.stdout.strip() == "commit", summary["commit"]
+
+
+def test_every_gate_is_in_the_summary_and_measured(summary):
+    assert [g["name"] for g in summary["gates"]] == [g.name for g in gates.GATES]
+    results = {g.name: (v, ok) for g, v, ok in gates.evaluate(summary["results"])}
+    for entry in summary["gates"]:
+        value, ok = results[entry["name"]]
+        assert not math.isnan(value), f"{entry['name']}: a side is missing from the results"
+        assert value == pytest.approx(entry["value"], rel=1e-3, abs=1e-3), entry
+        assert ok == entry["pass"]
+
+
+@pytest.mark.parametrize("gate", gates.GATES, ids=lambda g: g.name)
+def test_a_gate_fails_when_its_sides_are_swapped(summary, gate):
+    """A gate passing both ways measures nothing; one failing on the honest run has shown
+    it can fail already (and the run is red)."""
+    honest = gate.measure(summary["results"])
+    swapped = gate.measure(gates.swap_sides(summary["results"], gate))
+    assert not math.isnan(swapped) and swapped != honest
+    assert not (gate.passes(honest) and gate.passes(swapped)), (gate.name, honest, swapped)
+
+
+def test_the_command_line_exits_non_zero_on_a_failure(summary, tmp_path):
+    """The process `make bench` runs: the committed results reproduce the committed
+    verdict; with a passing gate's sides swapped it prints FAIL for it and exits 1."""
+    gate = next(g for g, _, ok in gates.evaluate(summary["results"]) if ok)
+    honest = tmp_path / "honest.json"
+    swapped = tmp_path / "swapped.json"
+    honest.write_text(json.dumps(summary["results"]))
+    swapped.write_text(json.dumps(gates.swap_sides(summary["results"], gate)))
+    run = [sys.executable, "-m", "benchmarks.gates", "--no-summary"]
+    ok = subprocess.run([*run, str(honest)], cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run([*run, str(swapped)], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == (0 if all(g["pass"] for g in summary["gates"]) else 1), ok.stdout
+    assert bad.returncode == 1
+    line = next(x for x in bad.stdout.splitlines() if x.startswith(f"GATE {gate.name} "))
+    assert line.endswith(" FAIL"), line
+
+
+def test_a_missing_side_is_a_failure_not_a_pass(summary):
+    for gate in gates.GATES:
+        kept = {"benchmarks": [b for b in summary["results"]["benchmarks"]
+                               if b["extra_info"].get("suite")
+                               != (gate.num if isinstance(gate, gates.Ratio)
+                                   else gate.pick).where["suite"]]}
+        value = gate.measure(kept)
+        assert math.isnan(value), gate.name
