@@ -383,6 +383,25 @@ def test_shared_system_prompt_is_decoded_once_for_many_agents(w):
         assert d["tokens"]["prefilled"] < first["tokens"]["prefilled"]
 
 
+def test_lore_is_shared_when_each_agent_has_its_own_persona(w):
+    """A persona placed as a system message before the player's words (the default
+    placement) follows the shared system prompt: the lore is still decoded once."""
+    system = ("You are a villager of Oakvale. Oakvale is a quiet village by the river, with a "
+              "mill, a bakery, a smithy and an old stone bridge. ") * 3
+    ids = [create(w, graph(node("answer", gen(system_prompt=system, max_tokens=4,
+                                              template=f"You are {name}, the {trade}."))),
+                  enable_diagnostics=True)
+           for name, trade in (("Brenna", "baker"), ("Tamsin", "smith"), ("Oswin", "mayor"))]
+    first = debug(turn(w, ids[0], "Hi"))["nodes"][0]
+    assert first["shared_prefix_tokens"] > 50
+    assert "<|im_start|>system\nYou are Brenna, the baker.<|im_end|>" in first["prompt"]
+    for aid in ids[1:]:
+        d = debug(turn(w, aid, "Hi"))["nodes"][0]
+        assert d["shared_prefix_tokens"] == first["shared_prefix_tokens"]
+        assert d["tokens"]["shared_prefix"] == first["shared_prefix_tokens"]
+        assert d["tokens"]["prefilled"] < d["prompt_tokens"] - 50
+
+
 def test_second_turn_decodes_only_the_new_suffix(w):
     aid = create(w, graph(node("answer", gen(max_tokens=12))), enable_diagnostics=True)
     turn(w, aid, "Hello!")

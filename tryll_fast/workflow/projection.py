@@ -313,7 +313,14 @@ class Projection:
                                                   tools=template_tools)
             self._prefix_tokens = self._tokenize(prefix.text) if prefix.text else []
             self._prefix_key = key
-        n = len(self._prefix_tokens)
-        # The prefix is cut at a newline, so its tokens are the prompt's first tokens; if a
-        # tokenizer ever merged across that boundary, share nothing rather than wrong cells.
-        return n if n and tokens[:n] == self._prefix_tokens else 0
+        # The stable prefix was found with a user message after the system prompt; a prompt
+        # whose next message is another (a template placed as a system message before the
+        # player's words, a per-character persona) leaves it where the role name starts.
+        # Share the tokens the two agree on: identical tokens at identical positions have
+        # identical KV, and every agent with this system prompt agrees on the same ones.
+        prefix = self._prefix_tokens
+        n = 0
+        limit = min(len(prefix), len(tokens))
+        while n < limit and prefix[n] == tokens[n]:
+            n += 1
+        return n
