@@ -34,7 +34,7 @@ extensions = [
         include_dirs=["csrc"],
         define_macros=macros,
         extra_compile_args=cflags,
-        depends=["csrc/tf_codec.h"] + [
+        depends=["csrc/tf_codec.h", "csrc/tf_pcm.h"] + [
             os.path.join("tryll_fast/codec", f)
             for f in os.listdir("tryll_fast/codec") if f.endswith((".pxi", ".pxd"))
         ],
@@ -56,6 +56,15 @@ extensions = [
         ["tryll_fast/workflow/_stream.pyx"],
         include_dirs=["csrc"],
         depends=["tryll_fast/codec/_codec.pxd", "tryll_fast/transport/_reactor.pxd"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
+    # Speech output: a voice's phoneme durations -> viseme cues.
+    Extension(
+        "tryll_fast.engines.speech._timeline",
+        ["tryll_fast/engines/speech/_timeline.pyx"],
+        include_dirs=["csrc"],
+        depends=["csrc/tf_pcm.h"],
         define_macros=macros,
         extra_compile_args=cflags,
     ),

@@ -297,7 +297,7 @@ ENUM_APPENDS = {
     "ModelStatus": {"Incomplete": 5},                   # v15
     "Placement": {"SystemPromptEnd": 5},                # ours
     "CannedResponseSelectionStrategy": {"ShuffleNoRepeat": 3},   # ours
-    "InferenceEngine": {"FasterWhisper": 8},            # ours
+    "InferenceEngine": {"FasterWhisper": 8, "OnnxRuntime": 9},   # ours
 }
 UNION_RENAMES = {"MessageBody": {"SessionReady": "ConnectionReady",
                                  "ConfigureSessionRequest": "CreateSessionRequest",

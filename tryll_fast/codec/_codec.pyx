@@ -55,6 +55,9 @@ cdef extern from "tf_codec.h":
     void tf_st_f64(uint8_t* p, double v)
     int64_t tf_utf8_invalid_at(const uint8_t* s, size_t n)
 
+cdef extern from "tf_pcm.h":
+    void tf_f32_to_s16le(const float* inp, int64_t n, uint8_t* out) nogil
+
 MAX_FRAME = TF_MAX_FRAME
 
 include "reader.pxi"

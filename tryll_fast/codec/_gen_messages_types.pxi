@@ -128,6 +128,7 @@ class InferenceEngine(_NamedIntEnum):
     SherpaOnnx = 6
     Supertonic = 7
     FasterWhisper = 8
+    OnnxRuntime = 9
 
 cdef dict _EV_InferenceEngine = {m.value: m for m in InferenceEngine}
 

@@ -1759,7 +1759,7 @@ cdef class GenerateAndSpeakParams(Table):
 
     @property
     def send(self):
-        """Streamed: one AnswerText delta per sentence as it goes to TTS."""
+        """Streamed: AnswerText deltas as tokens arrive (the voice gets whole sentences); Whole: one chunk when the reply is complete; None: no text."""
         cdef Py_ssize_t p
         if self._src is None:
             return SendMode.Streamed if self._v_send is None else self._v_send

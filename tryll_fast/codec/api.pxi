@@ -155,6 +155,65 @@ cpdef bytes encode_answer_text(uint64_t request_id, uint64_t agent_id, str node_
     return out
 
 
+cdef bytes _tts_audio_frame(Builder b, uint64_t request_id, uint64_t agent_id,
+                            str node_name, const float* samples, Py_ssize_t n,
+                            uint32_t sample_offset, uint32_t sentence_index):
+    cdef uint32_t o_pcm, o_node, body, root
+    b.reset()
+    # children in the order flatc's Pack() writes them: pcm (slot 2), node_name (slot 3)
+    b.start_vector(1, 2 * n, 1)
+    b.head -= 2 * n
+    tf_f32_to_s16le(samples, n, b.buf + b.head)
+    o_pcm = b.end_vector(2 * n)
+    o_node = _cv_string(b, node_name, 'TtsAudioFrame.node_name')
+    b.start_object(6)
+    b.add_u64(0, request_id, 0)
+    b.add_u64(1, agent_id, 0)
+    b.add_offset(2, o_pcm)
+    b.add_offset(3, o_node)
+    b.add_u32(4, sample_offset, 0)
+    b.add_u32(5, sentence_index, 0)
+    body = b.end_object()
+    b.start_object(2)
+    b.add_u8(0, <uint8_t>MessageBody.TtsAudioFrame, 0)
+    b.add_offset(1, body)
+    root = b.end_object()
+    b.finish(root, True, NULL)
+    if b.offset() - 4 > TF_MAX_FRAME:
+        raise FrameTooLarge(f"TtsAudioFrame encodes to {b.offset() - 4} bytes; a frame "
+                            f"holds at most {TF_MAX_FRAME}")
+    return b.output()
+
+
+cpdef list encode_tts_audio(uint64_t request_id, uint64_t agent_id, str node_name,
+                            const float[::1] samples, Py_ssize_t chunk_samples,
+                            uint32_t first_offset, uint32_t sentence_index):
+    """Synthesized float samples (-1..1) as TtsAudioFrame frames of `chunk_samples` each
+    (the last one shorter), converted to int16 little-endian while they are written into
+    each frame: no intermediate int16 array, no per-sample Python. Out-of-range samples
+    clip, NaN is silence. Frame k carries sample_offset = first_offset + k * chunk_samples.
+    The bytes equal encode(TtsAudioFrame(...)) with pcm = the converted chunk (a test
+    checks it)."""
+    cdef Py_ssize_t n = samples.shape[0]
+    cdef Py_ssize_t start = 0, m
+    cdef list out = []
+    cdef Builder b
+    if chunk_samples <= 0 or 2 * chunk_samples > TF_MAX_FRAME - 256:
+        raise ValueError(f"chunk_samples {chunk_samples} must be in 1..{(TF_MAX_FRAME - 256) // 2}")
+    if n and first_offset + <uint64_t>n - 1 > 4294967295u:
+        raise ValueError("sample offsets would pass 2**32 (about 54 hours at 22 kHz)")
+    b = _take_builder()
+    try:
+        while start < n:
+            m = min(chunk_samples, n - start)
+            out.append(_tts_audio_frame(b, request_id, agent_id, node_name, &samples[start],
+                                        m, first_offset + <uint32_t>start, sentence_index))
+            start += m
+    finally:
+        _give_builder(b)
+    return out
+
+
 def encode_root(Table table, bint size_prefix=False):
     """Encode any table as a standalone FlatBuffers root. Roots that declare
     a file_identifier (PersistedDialogSnapshot: TDLG) get it written."""

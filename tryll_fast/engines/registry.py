@@ -28,6 +28,11 @@ class EngineSpec:
     warm: Callable[[], None]        # initialise the backend ahead of the first load
 
 
+# prepare(main file, progress(fraction)) -> the file it wrote beside it. Run by the fetcher
+# once an entry's files are verified (the catalog's `prepare` names one of PREPARE).
+Preparer = Callable[[Path, Callable[[float], None]], Path]
+
+
 def _load_llama(entry, path: Path, options: Mapping[str, Any]):
     opts = dict(options)
     cap = int(opts.pop("max_n_ctx", DEFAULT_MAX_N_CTX))
@@ -44,15 +49,45 @@ def _warm_llama() -> None:
     init_backend()
 
 
+def _load_onnx_voice(entry, path: Path, options: Mapping[str, Any]):
+    from tryll_fast.engines.speech.engine import SpeechEngine
+    from tryll_fast.engines.speech.piper import PiperVoice
+    opts = dict(options)
+    voice = PiperVoice(path, n_threads=int(opts.pop("n_threads", 2)))
+    return SpeechEngine(voice, **opts)
+
+
+def _warm_onnx() -> None:
+    import onnxruntime  # noqa: F401 - the import is the warm-up (about 0.2 s)
+    from tryll_fast.engines.speech import espeak
+    espeak.warm()
+
+
+def _prepare_piper(main_file: Path, progress: Callable[[float], None]) -> Path:
+    from tryll_fast.engines.speech.prepare import prepare_piper
+    return prepare_piper(main_file, progress)
+
+
 ENGINES: dict[str, EngineSpec] = {
     "llama-cpp": EngineSpec("llama-cpp", frozenset({"llm", "embedding"}), _load_llama,
                             _warm_llama),
+    "onnxruntime": EngineSpec("onnxruntime", frozenset({"tts"}), _load_onnx_voice,
+                              _warm_onnx),
+}
+
+PREPARE: dict[str, Preparer] = {
+    "piper": _prepare_piper,
 }
 
 
 def loaders() -> dict[str, Loader]:
     """Engine name -> loader, for the model manager."""
     return {name: spec.load for name, spec in ENGINES.items()}
+
+
+def preparer(name: str) -> Preparer:
+    """The fetch-time preparation a catalog entry names (KeyError if this build has none)."""
+    return PREPARE[name]
 
 
 def warm(engine: str) -> bool:

@@ -4,7 +4,7 @@ library runs it, and the engine-neutral values they ask with.
 A catalog entry names its engine and its role (models/catalog.py); engines/registry.py maps
 an engine name to the roles it implements and the loader that makes an instance. The
 workflow depends on these interfaces only; llama.cpp (engines/llama) implements two of them,
-LanguageModel and Embeddings. The voice and knowledge engines add theirs beside it.
+LanguageModel and Embeddings; engines/speech implements TextToSpeech.
 """
 from __future__ import annotations
 
@@ -150,12 +150,23 @@ class Embeddings(Protocol):
 
 @runtime_checkable
 class TextToSpeech(Protocol):
-    """A loaded speech synthesiser: mono int16 PCM at `sample_rate` for a text."""
+    """A loaded speech synthesiser: sentences in, mono float samples at `sample_rate` and
+    the viseme cues of the same run out (engines/speech).
+
+    `submit` queues one sentence with the moment its audio is needed (time.monotonic());
+    the engine serves the most urgent first and calls `on_done(request)` once from its
+    own thread: request.state is done (request.result holds samples, cue_offsets,
+    cue_visemes), cancelled or failed (request.error)."""
 
     @property
     def sample_rate(self) -> int: ...
+    @property
+    def num_speakers(self) -> int: ...
 
-    def synthesize(self, text: str, **voice: Any) -> bytes: ...
+    def submit(self, text: str, *, length_scale: float = 1.0, speaker_id: int = 0,
+               deadline: float | None = None, priority: Priority = Priority.INTERACTIVE,
+               on_done: Callable[[Any], None] | None = None) -> Any: ...
+    def set_throttle(self, throttle: float) -> None: ...
     def close(self) -> None: ...
 
 

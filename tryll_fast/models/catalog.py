@@ -20,9 +20,9 @@ CATALOG_FORMAT = 1
 ROLE_TO_PROTOCOL = MappingProxyType({"llm": 0, "embedding": 1, "stt": 2, "tts": 3, "vad": 4})
 ROLES = tuple(ROLE_TO_PROTOCOL)
 # Engines are strings here; on the wire they are InferenceEngine values (the original's
-# numbering: Mock 0, LlamaCpp 1, SherpaOnnx 6; FasterWhisper 8 is ours).
+# numbering: Mock 0, LlamaCpp 1, SherpaOnnx 6; FasterWhisper 8 and OnnxRuntime 9 are ours).
 ENGINE_WIRE_VALUES = MappingProxyType({"llama-cpp": 1, "sherpa-onnx": 6, "faster-whisper": 8,
-                                       "mock": 0})
+                                       "onnxruntime": 9, "mock": 0})
 ENGINES = tuple(ENGINE_WIRE_VALUES)
 
 # Entry and file names become directory and file names under the models dir, so they are
@@ -42,7 +42,7 @@ _RESERVED_SUFFIXES = (".part", ".lock", ".tmp")
 _ENTRY_KEYS = {
     "name", "role", "engine", "description", "files", "languages", "capabilities",
     "dependencies", "default_sampling", "context_size", "hidden", "default", "main_file",
-    "huggingface_repo",
+    "huggingface_repo", "prepare",
 }
 _FILE_KEYS = {"name", "sha256", "size", "source"}
 _CAPABILITIES = {
@@ -122,6 +122,8 @@ class ModelEntry:
     main_file: str | None = None
     # the model's upstream repository, reported in ModelInfo (files come from `sources`)
     huggingface_repo: str = ""
+    # a fetch-time preparation of the main file (engines/registry.py PREPARE), "" = none
+    prepare: str = ""
 
     @property
     def size_bytes(self) -> int:
@@ -130,6 +132,19 @@ class ModelEntry:
     @property
     def protocol_role(self) -> int:
         return ROLE_TO_PROTOCOL[self.role]
+
+    @property
+    def prepare_label(self) -> str:
+        """The progress label of the entry's preparation step."""
+        return f"{self.name}/prepare:{self.prepare}"
+
+    @property
+    def prepare_weight(self) -> int:
+        """Bytes the preparation counts for in fetch progress: it rewrites the main file."""
+        if not self.prepare:
+            return 0
+        main = self.main_name
+        return next((f.size for f in self.files if f.name == main), self.size_bytes)
 
     @property
     def main_name(self) -> str | None:
@@ -286,13 +301,18 @@ def _parse_entry(raw: Any, index: int, origin: str) -> ModelEntry:
     upstream = raw.get("huggingface_repo", "")
     if not isinstance(upstream, str) or (upstream and not _REPO_RE.fullmatch(upstream)):
         fail("huggingface_repo", f"must be an owner/name string, got {upstream!r}")
+    prepare = raw.get("prepare", "")
+    if not isinstance(prepare, str) or (prepare and not _NAME_RE.fullmatch(prepare)):
+        fail("prepare", f"must be the name of a preparation step, got {prepare!r}")
+    if prepare and main_file is None and len(files) != 1:
+        fail("prepare", "needs main_file: the step prepares one file")
 
     return ModelEntry(
         name=name, role=role, engine=engine, description=description, files=files,
         languages=tuple(languages), capabilities=MappingProxyType(capabilities),
         dependencies=tuple(dependencies), default_sampling=MappingProxyType(sampling),
         context_size=context_size, hidden=flags["hidden"], default=flags["default"],
-        main_file=main_file, huggingface_repo=upstream,
+        main_file=main_file, huggingface_repo=upstream, prepare=prepare,
     )
 
 

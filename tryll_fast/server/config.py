@@ -195,6 +195,15 @@ SETTINGS: tuple[Setting, ...] = (
             "gets its own directory (mode 0700, named by process id), deleted when the model "
             "is unloaded (empty = `$XDG_CACHE_HOME/tryll_fast/kv`, else "
             "`~/.cache/tryll_fast/kv`)"),
+    Setting("voice.chunk_ms", "int", 40,
+            "audio per TtsAudioFrame in milliseconds (a game's audio callback reads 20-40 "
+            "ms at a time)", minimum=5, maximum=1000),
+    Setting("voice.lookahead_ms", "int", 10_000,
+            "how far ahead of a listener's playback a voice synthesizes: a sentence needed "
+            "later waits (bounds the audio queued in the client and the work a cancel "
+            "discards)", minimum=0),
+    Setting("voice.n_threads", "int", 2, "CPU threads per voice's synthesis", minimum=1,
+            maximum=256),
 )
 SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
 
@@ -238,6 +247,9 @@ class ServerConfig:
     llama_prefill_while_decoding: int
     llama_n_threads: int
     llama_kv_spill_dir: Path | None
+    voice_chunk_ms: int
+    voice_lookahead_ms: int
+    voice_n_threads: int
     # where each value came from: key -> "flag" | "env" | "file <path>" | "default"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -277,7 +289,9 @@ class ServerConfig:
                               # for EvictAgentKvCache only: those still go to a file)
                               "evict_to": "host" if self.workflow_kv_evict_tier == "host"
                               else "file",
-                              "spill_dir": self.llama_kv_spill_dir}}
+                              "spill_dir": self.llama_kv_spill_dir},
+                "onnxruntime": {"n_threads": self.voice_n_threads,
+                                "lookahead_s": self.voice_lookahead_ms / 1000.0}}
 
 
 def _check_table() -> None:

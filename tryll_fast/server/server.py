@@ -107,7 +107,7 @@ class Server:
             max_agents_per_session=config.workflow_max_agents_per_session,
             regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0,
             tool_call_pause_timeout_ms=config.workflow_tool_call_pause_timeout_ms,
-            kv_evict_tier=config.workflow_kv_evict_tier))
+            kv_evict_tier=config.workflow_kv_evict_tier, voice_chunk_ms=config.voice_chunk_ms))
         self._agent_ids = itertools.count(1)
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(

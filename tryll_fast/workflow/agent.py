@@ -8,10 +8,11 @@ a resume). `lock` guards the state: the reactor thread checks and flips it, the
 orchestrator ends turns. The dialog is only touched by the agent's turn or, while idle, by
 the dialog requests under the lock.
 
-Engines: each model the graph uses is held by a ModelManager lease for the agent's life
-(taken at creation, or at first use with DeferAllocation), so a model is never freed under
-an agent. Each language-model node keeps its own engine conversation (KV), keyed
-("agent", agent_id, node_name), which destroy() releases.
+Engines: each model the graph uses (the voice's too, when a node speaks) is held by a
+ModelManager lease for the agent's life (taken at creation, or at first use with
+DeferAllocation), so a model is never freed under an agent. Each language-model node keeps
+its own engine conversation (KV), keyed ("agent", agent_id, node_name), which destroy()
+releases.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tryll_fast.workflow.dialog import Dialog
 from tryll_fast.workflow.graph import Graph
 from tryll_fast.workflow.projection import Projection
 from tryll_fast.workflow.variables import Variables
+from tryll_fast.workflow.voice import DeliveryState
 
 if TYPE_CHECKING:
     from tryll_fast.workflow.runtime import Runtime
@@ -90,7 +92,8 @@ class Agent:
         self.maintain_history = maintain_history
         self.workload = workload
         self.kv_init = kv_init
-        self.voice = voice              # stored; no node of this build speaks
+        self.voice = voice              # a checked Voice (workflow/voice.py) or None
+        self.delivery = DeliveryState(voice.default_mode if voice is not None else "")
         self.dialog = Dialog()
         self._state = IDLE
         self.lock = threading.Lock()
@@ -166,10 +169,17 @@ class Agent:
 
     # ---- models ----
 
+    @property
+    def speaks(self) -> bool:
+        """A node of the graph speaks (Speak, GenerateAndSpeak)."""
+        return any(getattr(n.type, "speaks", False) for n in self.graph.nodes.values())
+
     def model_names(self) -> set[str]:
         names: set[str] = set()
         for node in self.graph.nodes.values():
             names.update(node.type.model_names(node, self.default_model))
+        if self.voice is not None and self.voice.model and self.speaks:
+            names.add(self.voice.model)
         return names
 
     def lease_all(self) -> None:

@@ -45,6 +45,7 @@ class NodeType:
     params_cls: type = type(None)
     exits: tuple[str, ...] = ("default",)
     uses_model = False
+    speaks = False              # sends the agent's voice (needs a VoiceProfile)
     # the feature this build lacks for the node type (2007 at CreateAgent), else None
     missing_feature: str | None = None
 

@@ -26,6 +26,7 @@ class Limits:
     regex_timeout_s: float = 0.05
     tool_call_pause_timeout_ms: int = 0     # 0 = a ToolCall pause waits forever
     kv_evict_tier: str = "file"   # Evict: to a file or a host copy (fast restore), or free
+    voice_chunk_ms: int = 40      # audio per TtsAudioFrame
 
 
 class Runtime:

@@ -40,6 +40,7 @@ from tryll_fast.workflow._stream import AnswerStream
 from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
 from tryll_fast.workflow.projection import ProjectionError
+from tryll_fast.workflow.speech import SpeechStrand, TurnAudio
 
 log = logging.getLogger("tryll_fast.workflow")
 
@@ -93,7 +94,10 @@ class Turn:
         self._kv_restore: dict | None = None
         self.paused: Paused | None = None
         self.regex_timeout_s = agent.runtime.limits.regex_timeout_s
+        self.audio: TurnAudio | None = None      # the turn's speech, once a node speaks
+        self._strands: list[SpeechStrand] = []
         self.t_start = time.perf_counter()
+        self.t_start_mono = time.monotonic()
 
     # ---- control (any thread) ----
 
@@ -102,6 +106,8 @@ class Turn:
         self.cancelled = True
         for handle in list(self._handles):
             handle.cancel()
+        for strand in list(self._strands):
+            strand.cancel()
         paused = self.paused
         if paused is not None:
             paused.loop.call_soon_threadsafe(_settle, paused.wake, ("cancel",))
@@ -231,6 +237,37 @@ class Turn:
         return self.interaction.add(Component(kind="assistant", slot=node.name, text=text,
                                               node_name=node.name))
 
+    def latest_reply(self) -> str:
+        """The latest non-empty assistant text of this turn (what a Speak node voices)."""
+        for c in reversed(self.interaction.components):
+            if c.kind == "assistant" and c.text:
+                return c.text
+        return ""
+
+    async def open_strand(self, node) -> SpeechStrand:
+        """A speaking node's way to the agent's voice (workflow/speech.py)."""
+        agent = self.agent
+        engine = await agent.engine(agent.voice.model)
+        if self.audio is None:
+            self.audio = TurnAudio(self, engine.sample_rate, agent.runtime.limits.voice_chunk_ms)
+        strand = SpeechStrand(self.audio, engine, agent.voice, agent.delivery, node.name,
+                              agent.priority, asyncio.get_running_loop())
+        self._strands.append(strand)
+        if self.cancelled:
+            strand.cancel()
+        return strand
+
+    async def finish_strand(self, node, strand: SpeechStrand) -> None:
+        """Wait until the node's audio is sent; a failed voice fails the turn."""
+        await strand.done
+        if self._diag is not None:
+            self._diag["speech"] = {"sentences": strand.sentences,
+                                    "delivery_modes": strand.modes}
+        if strand.error is not None:
+            raise TurnFailure(f"node {node.name!r}: speech synthesis failed: {strand.error}")
+        if self.cancelled:
+            raise TurnCancelled()
+
     def add_instruction(self, node, name: str, text: str) -> None:
         self.instructions.append((name, text))
         self.interaction.add(Component(kind="instruction", slot=node.name, text=text,
@@ -238,13 +275,15 @@ class Turn:
         self.note(node, instruction=name, text=text)
 
     async def generate(self, node, spec, *, system_prompt: str, template_text: str,
-                       placement: int, input_slot: str, send: int) -> str:
-        """Run the node's model on its projection; stream per `send`; return the reply."""
+                       placement: int, input_slot: str, send: int, on_text=None) -> str:
+        """Run the node's model on its projection; stream per `send`; return the reply.
+        `on_text` also gets every chunk (on the engine's thread)."""
         stream = (AnswerStream(self.conn, self.request_id, self.agent.id, node.name)
                   if send == Send.Streamed else None)
         handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
                                          template_text=template_text, placement=placement,
-                                         input_slot=input_slot, stream=stream)
+                                         input_slot=input_slot, stream=stream,
+                                         on_text=on_text)
         text = handle.text
         if stream is not None:
             stream.finish()
@@ -255,7 +294,7 @@ class Turn:
 
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
-                        tool_mode: str = "", grammar=None):
+                        tool_mode: str = "", grammar=None, on_text=None):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
         ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
@@ -289,13 +328,16 @@ class Turn:
         def finished(handle) -> None:        # scheduler thread
             loop.call_soon_threadsafe(_settle, done, handle)
 
+        text_sink = stream.feed if stream is not None else None
+        if on_text is not None:
+            text_sink = on_text if stream is None else _both(stream.feed, on_text)
         unregister = self.session.on_resume(engine.wake)
         t_submit = time.perf_counter()
         try:
             handle = engine.submit(prompt.tokens, key=agent.conv_key(node.name),
                                    sampling=sampling, priority=agent.priority,
                                    shared_prefix_len=prompt.shared_prefix_len,
-                                   on_text=stream.feed if stream is not None else None,
+                                   on_text=text_sink,
                                    on_finish=finished, gate=self.conn)
             if stream is not None:
                 stream.handle = handle
@@ -456,7 +498,15 @@ class Turn:
             "total_ms": round((time.perf_counter() - self.t_start) * 1000, 3),
             "nodes": self._nodes_diag,
             **({"kv_restore": self._kv_restore} if self._kv_restore else {}),
+            **({"speech": self.audio.diagnostics()} if self.audio is not None else {}),
         }, ensure_ascii=False, default=str)
+
+
+def _both(first, second):
+    def feed(text: str) -> None:
+        first(text)
+        second(text)
+    return feed
 
 
 def _settle(future: asyncio.Future, handle) -> None:

@@ -21,6 +21,7 @@ from tryll_fast.workflow.graph import CompileContext, check_change, compile_grap
 from tryll_fast.workflow.nodes import TYPES
 from tryll_fast.workflow.turn import Turn
 from tryll_fast.workflow.variables import Variables
+from tryll_fast.workflow.voice import check_voice
 
 log = logging.getLogger("tryll_fast.server.agents")
 
@@ -57,6 +58,19 @@ def model_resolver(server, code: int, cache: dict | None = None):
         return result
 
     return resolve
+
+
+def voice_checker(session):
+    """check_voice (workflow/voice.py) bound to this server's catalog, engines and models
+    on disk and the session's locale: check(profile, speaks) -> Voice | None."""
+    server = session.server
+
+    def check(profile, speaks: bool):
+        return check_voice(profile, speaks=speaks, catalog=server.catalog,
+                           engines=set(server.models.loaders),
+                           downloaded=server.models.store.is_downloaded,
+                           locale=session.locale)
+    return check
 
 
 def _llm_names(catalog) -> str:
@@ -102,10 +116,12 @@ def _create(session, req):
                          resolve_model=model_resolver(server, ErrorCode.GraphCompilationFailed,
                                                       resolved))
     graph = compile_graph(req.graph, ctx, TYPES)
+    speaks = any(node.type.speaks for node in graph.nodes.values())
+    voice = voice_checker(session)(req.voice, speaks)
     agent = Agent(server.new_agent_id(), session, server.runtime, graph, variables,
                   default_model=req.default_model_name, diagnostics=req.enable_diagnostics,
                   maintain_history=req.maintain_dialogue_history, workload=int(req.workload),
-                  kv_init=int(req.kv_cache_initialization), voice=req.voice)
+                  kv_init=int(req.kv_cache_initialization), voice=voice)
     agent.resolved_models = resolved
     try:
         if agent.kv_init != codec.KvCacheInitialization.DeferAllocation:

@@ -11,10 +11,9 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
 
 FEATURES = {
-    "voice (speech output and voice input)": (
+    "voice input (speech recognition)": (
         "CreateVoiceInputRequest", "BeginUtteranceRequest", "EndUtteranceRequest",
-        "CancelUtteranceRequest", "DestroyVoiceInputRequest", "SetAgentVoiceRequest",
-        "SetAgentDeliveryModeRequest"),
+        "CancelUtteranceRequest", "DestroyVoiceInputRequest"),
     "knowledge (string storages, embedded storages, mutable knowledge bases)": (
         "CreateStringStorageRequest", "DestroyStringStorageRequest",
         "CreateEmbeddedStringStorageRequest", "DestroyEmbeddedStringStorageRequest",

@@ -1,9 +1,9 @@
 """The node types, one module each; TYPES maps a NodeParams member to its NodeType.
 
-Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause. The
-other members of
-the union are known (so a graph using them gets a clear 2007 FeatureNotAvailable naming
-the feature, not a parse error) and are filled in by their feature's issue.
+Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
+GenerateAndSpeak. The other members of the union are known (so a graph using them gets a
+clear 2007 FeatureNotAvailable naming the feature, not a parse error) until their feature
+is built.
 """
 from tryll_fast import codec
 from tryll_fast.workflow.graph import NodeType
@@ -12,6 +12,7 @@ from tryll_fast.workflow.nodes.generate import GenerateNode
 from tryll_fast.workflow.nodes.guardrail import GuardrailNode
 from tryll_fast.workflow.nodes.instruction import InstructionNode
 from tryll_fast.workflow.nodes.pause import PauseNode
+from tryll_fast.workflow.nodes.speak import GenerateAndSpeakNode, SpeakNode
 from tryll_fast.workflow.nodes.toolcall import ToolCallNode
 
 
@@ -25,20 +26,17 @@ def _pending(kind: str, params_cls: type, exits: tuple[str, ...], feature: str) 
 
 
 _KNOWLEDGE = "knowledge (embedded storages and knowledge bases)"
-_VOICE = "voice (speech synthesis)"
 _LLM_CLASSIFY = "LLM classification"
 
 TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
     GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(), ToolCallNode(),
-    PauseNode(),
+    PauseNode(), SpeakNode(), GenerateAndSpeakNode(),
     _pending("Retrieve", codec.RetrieveParams, ("found", "not_found"), _KNOWLEDGE),
     _pending("ClassifyIntent", codec.ClassifyIntentParams, ("found", "not_found"), _KNOWLEDGE),
     _pending("ClassifyIntentLLM", codec.ClassifyIntentLLMParams, ("found", "not_found"),
              _LLM_CLASSIFY),
     _pending("IntentToInstruction", codec.IntentToInstructionParams, ("default",),
              _LLM_CLASSIFY),
-    _pending("Speak", codec.SpeakParams, ("default",), _VOICE),
-    _pending("GenerateAndSpeak", codec.GenerateAndSpeakParams, ("default",), _VOICE),
     _pending("WriteToMemory", codec.WriteToMemoryParams, ("default",), _KNOWLEDGE),
     _pending("Summarize", codec.SummarizeParams, ("default",), "dialog summarization"),
     _pending("ClassifyAttributesLLM", codec.ClassifyAttributesLLMParams, ("found", "not_found"),

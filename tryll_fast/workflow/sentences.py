@@ -1,0 +1,135 @@
+"""Streamed text -> speakable chunks for a speaking node (docs/voice.md, "Sentences").
+
+A chunk ends at a sentence boundary: . ! ? or … (a run of them, then any closing quotes or
+brackets) followed by whitespace, or a line break. A period after a known abbreviation
+("Dr.", "e.g.") or a single letter (an initial) is not a boundary, and a period between
+digits never is (the next character has to be whitespace). Then:
+- a chunk shorter than `min_sentence_chars` waits and is merged with the next one;
+- the node's first chunk is cut early at `first_chunk_max_chars` (0 = no cap), at the last
+  clause mark (, ; : —) before the cap, else the last space, so the first audio comes
+  sooner;
+- any chunk is cut at MAX_CHUNK_CHARS the same way (a model that never ends a sentence
+  must not hold the voice back);
+- `flush()` returns the rest when the text is complete.
+Feeding is incremental: each call scans only the new text.
+"""
+from __future__ import annotations
+
+import re
+
+MAX_CHUNK_CHARS = 400
+_ENDS = ".!?\u2026"
+_CLOSERS = "\"')]}\u201d\u2019\u00bb"
+_CLAUSE_MARKS = ",;:\u2014\u2013"
+_ABBREVIATIONS = frozenset({
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "mt", "no",
+    "prof", "capt", "gen", "lt", "sgt", "col", "fig", "approx", "dept", "est", "vol",
+})
+# Characters that mark up text for the eye, not the ear (markdown emphasis, headings).
+_UNSPOKEN = re.compile(r"[*_#~`|]+")
+_SPACES = re.compile(r"\s+")
+
+
+def speakable(text: str) -> str:
+    """What the voice reads: markup characters removed, whitespace collapsed."""
+    return _SPACES.sub(" ", _UNSPOKEN.sub(" ", text)).strip()
+
+
+class SentenceSplitter:
+    def __init__(self, min_sentence_chars: int = 12, first_chunk_max_chars: int = 0,
+                 max_chunk_chars: int = MAX_CHUNK_CHARS) -> None:
+        self.min_chars = max(1, int(min_sentence_chars))
+        self.first_max = max(0, int(first_chunk_max_chars))
+        self.max_chars = max(self.min_chars, int(max_chunk_chars))
+        self._buf = ""
+        self._scan = 0              # boundaries before this index were already examined
+        self._cut = 0               # the current chunk starts here (a boundary too short)
+        self.emitted = 0
+
+    def feed(self, text: str) -> list[str]:
+        """Add streamed text; return the chunks it completed (possibly none)."""
+        if not text:
+            return []
+        self._buf += text
+        out: list[str] = []
+        buf = self._buf
+        i = self._scan
+        n = len(buf)
+        while i < n:
+            c = buf[i]
+            end = -1
+            if c == "\n":
+                end = i + 1
+            elif c in _ENDS:
+                j = i + 1
+                while j < n and buf[j] in _ENDS:
+                    j += 1
+                while j < n and buf[j] in _CLOSERS:
+                    j += 1
+                if j >= n:
+                    break               # the next character decides; wait for it
+                if buf[j].isspace() and not (c == "." and self._abbreviation(i)):
+                    end = j
+                i = j - 1
+            if end > 0:
+                chunk = buf[:end]
+                if len(chunk.strip()) >= self.min_chars:
+                    out.append(chunk)
+                    buf = buf[end:]
+                    n = len(buf)
+                    i = 0
+                    continue
+            i += 1
+        self._buf = buf
+        self._scan = min(i, len(buf))
+        out.extend(self._cap(len(out)))
+        self.emitted += len(out)
+        return [s for s in (c.strip() for c in out) if s]
+
+    def flush(self) -> list[str]:
+        """The rest of the text (the generation ended)."""
+        rest = self._buf.strip()
+        self._buf = ""
+        self._scan = 0
+        if rest:
+            self.emitted += 1
+            return [rest]
+        return []
+
+    def _abbreviation(self, dot: int) -> bool:
+        start = dot
+        while start > 0 and not self._word_break(self._buf[start - 1]):
+            start -= 1
+        word = self._buf[start:dot].lower()
+        if not word:
+            return False
+        if len(word) == 1 and word.isalpha():
+            return True                 # an initial: "J. R. R. Tolkien"
+        return word in _ABBREVIATIONS
+
+    @staticmethod
+    def _word_break(c: str) -> bool:
+        return c.isspace() or c in "\"'([{"
+
+    def _cap(self, done: int) -> list[str]:
+        """Cut the buffer at a clause or word boundary while it is over its cap (`done`:
+        chunks already completed by this feed)."""
+        out = []
+        while True:
+            first = self.emitted + done + len(out) == 0 and self.first_max > 0
+            cap = self.first_max if first else self.max_chars
+            if len(self._buf) <= cap:
+                return out
+            head = self._buf[:cap]
+            cut = max(head.rfind(m) for m in _CLAUSE_MARKS)
+            if cut + 1 < self.min_chars:
+                cut = head.rfind(" ")
+                if cut < self.min_chars:
+                    cut = -1
+            if cut < 0:
+                if len(self._buf) <= self.max_chars:
+                    return out          # no boundary under the first cap yet: wait
+                cut = self.max_chars - 1    # one endless word: cut it anyway
+            out.append(self._buf[:cut + 1])
+            self._buf = self._buf[cut + 1:]
+            self._scan = 0
