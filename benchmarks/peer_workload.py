@@ -121,9 +121,10 @@ class OursDriver:
         params = codec.GenerateParams(
             system_prompt=system, template=template,
             placement=codec.Placement.BeforeUserAsSystem,
-            # the catalog's default sampling has repeat_penalty 1.1: off, like the peer's
+            # the catalog's default sampling has repeat_penalty 1.1: off, like the peer's;
+            # ignore_eos: exactly max_tokens, as llama-server is asked for (equal work)
             sampling=codec.SamplingOverrides(temperature=0, max_tokens=max_tokens,
-                                             repeat_penalty=1.0))
+                                             repeat_penalty=1.0, ignore_eos=True))
         reply = self._request(codec.CreateAgentRequest(
             request_id=self.rid, graph=codec.GraphDescription(
                 nodes=[codec.NodeDescription(name="answer", params=params)],

@@ -48,6 +48,22 @@ def test_streamed_frames(w):
     assert frames[-1] is done and frames.index(done) == len(frames) - 1
 
 
+def test_ignore_eos_generates_exactly_max_tokens(w):
+    """The same prompt stops by itself well before 48 tokens; with ignore_eos it runs to
+    exactly max_tokens, past the end-of-turn token and the stop strings."""
+    short = codec.SamplingOverrides(temperature=0, max_tokens=48)
+    free = create(w, graph(node("answer", gen(system_prompt="Answer with one word.",
+                                              sampling=short))))
+    assert turn(w, free, "Say yes.")[-1].tokens_generated < 48
+    fixed = codec.SamplingOverrides(temperature=0, max_tokens=48, ignore_eos=True,
+                                    stop=["\n"])
+    exact = create(w, graph(node("answer", gen(system_prompt="Answer with one word.",
+                                               sampling=fixed))), enable_diagnostics=True)
+    frames = turn(w, exact, "Say yes.")
+    assert frames[-1].tokens_generated == 48
+    assert debug(frames)["nodes"][0]["finish_reason"] == "length"
+
+
 def test_whole_and_none(w):
     whole = create(w, graph(node("answer", gen(send=codec.SendMode.Whole))))
     frames = turn(w, whole, "Hello!")

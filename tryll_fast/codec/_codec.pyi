@@ -380,7 +380,8 @@ class SamplingOverrides(Table):
     presence_penalty: Optional[float]
     frequency_penalty: Optional[float]
     stop: Sequence[str]
-    def __init__(self, *, temperature: Any = ..., top_p: Any = ..., top_k: Any = ..., min_p: Any = ..., max_tokens: Any = ..., seed: Any = ..., repeat_penalty: Any = ..., presence_penalty: Any = ..., frequency_penalty: Any = ..., stop: Any = ...) -> None: ...
+    ignore_eos: Optional[bool]
+    def __init__(self, *, temperature: Any = ..., top_p: Any = ..., top_k: Any = ..., min_p: Any = ..., max_tokens: Any = ..., seed: Any = ..., repeat_penalty: Any = ..., presence_penalty: Any = ..., frequency_penalty: Any = ..., stop: Any = ..., ignore_eos: Any = ...) -> None: ...
 class LocalizableText(Table):
     text: str
     key: str

@@ -144,6 +144,7 @@ cdef int _vf_SamplingOverrides(_V* v, Py_ssize_t t, int depth) except -1:
     _v_field(v, t, vt, vs, ts, 20, 4)
     p = _v_field(v, t, vt, vs, ts, 22, 4)
     _v_string_vector(v, p)
+    _v_field(v, t, vt, vs, ts, 24, 1)
     return 0
 
 
@@ -166,7 +167,7 @@ cdef uint32_t _b_SamplingOverrides(Builder b, SamplingOverrides t) except 0:
         for item in x:
             b.push_scratch(_cv_string(b, item, 'SamplingOverrides.stop[]'))
         o_stop = b.offsets_vector(base)
-    b.start_object(10)
+    b.start_object(11)
     x = t._v_temperature
     if x is not None:
         b.set_f32(0, _cv_float(x, 'SamplingOverrides.temperature'))
@@ -196,6 +197,9 @@ cdef uint32_t _b_SamplingOverrides(Builder b, SamplingOverrides t) except 0:
         b.set_f32(8, _cv_float(x, 'SamplingOverrides.frequency_penalty'))
     if o_stop:
         b.add_offset(9, o_stop)
+    x = t._v_ignore_eos
+    if x is not None:
+        b.set_u8(10, _cv_bool(x, 'SamplingOverrides.ignore_eos'))
     return b.end_object()
 
 

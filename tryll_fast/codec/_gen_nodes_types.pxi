@@ -258,12 +258,13 @@ cdef class SamplingOverrides(Table):
     cdef object _v_presence_penalty
     cdef object _v_frequency_penalty
     cdef object _v_stop
-    FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'stop', )
+    cdef object _v_ignore_eos
+    FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'repeat_penalty', 'presence_penalty', 'frequency_penalty', 'stop', 'ignore_eos', )
     UNION_FIELDS = frozenset(())
-    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, )
+    _VOFFSETS = (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, )
     STRUCTURAL = frozenset(('max_tokens', ))
 
-    def __init__(self, *, temperature=None, top_p=None, top_k=None, min_p=None, max_tokens=None, seed=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, stop=None):
+    def __init__(self, *, temperature=None, top_p=None, top_k=None, min_p=None, max_tokens=None, seed=None, repeat_penalty=None, presence_penalty=None, frequency_penalty=None, stop=None, ignore_eos=None):
         self._v_temperature = temperature
         self._v_top_p = top_p
         self._v_top_k = top_k
@@ -274,6 +275,7 @@ cdef class SamplingOverrides(Table):
         self._v_presence_penalty = presence_penalty
         self._v_frequency_penalty = frequency_penalty
         self._v_stop = stop
+        self._v_ignore_eos = ignore_eos
 
     @property
     def temperature(self):
@@ -387,6 +389,17 @@ cdef class SamplingOverrides(Table):
         target = _rd_target(self._src, p)
         n = _rd_vec_len(self._src, target, 4)
         return tuple([_rd_string_at(self._src, _rd_target(self._src, target + 4 + 4 * i)) for i in range(n)])
+
+    @property
+    def ignore_eos(self):
+        """Ours: true = generate exactly max_tokens (end-of-generation tokens are banned and stop strings do not apply), for fixed-length output and for benchmarks that must compare equal work. Absent / false = stop as usual."""
+        cdef Py_ssize_t p
+        if self._src is None:
+            return self._v_ignore_eos
+        p = _tfield(self, 24, 1)
+        if p == 0:
+            return None
+        return tf_ld_u8(self._src.buf + p) != 0
 
 
 @cython.final

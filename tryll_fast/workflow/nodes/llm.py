@@ -3,7 +3,8 @@
 Sampling = the catalog entry's `default_sampling`, then the node's SamplingOverrides where
 they are set (an absent field, None, means unset). Stop strings: the node's
 list replaces the model's; empty = the chat template's end-of-turn markers plus the
-catalog's `stop`. max_tokens must be > 0 and < the node's context size.
+catalog's `stop`. max_tokens must be > 0 and < the node's context size. ignore_eos (ours)
+generates exactly max_tokens: end-of-generation tokens are banned, stop strings dropped.
 """
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
     sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx,
                                 default_max_tokens)
     stop = None
-    if overrides is not None and overrides.stop:
+    if sampling.get("ignore_eos"):
+        stop = ()             # exactly max_tokens: no stop string ends it either
+    elif overrides is not None and overrides.stop:
         stop = tuple(overrides.stop)
         for i, s in enumerate(stop):
             if not s:
@@ -96,6 +99,8 @@ def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
             if overrides.max_tokens <= 0:
                 raise ctx.fail(where, "sampling.max_tokens must be > 0")
             out["max_tokens"] = overrides.max_tokens
+        if overrides.ignore_eos:
+            out["ignore_eos"] = True
     if out["max_tokens"] >= n_ctx:
         raise ctx.fail(where, f"sampling.max_tokens {out['max_tokens']} must be smaller than "
                               f"the node's context size {n_ctx}")
