@@ -352,10 +352,14 @@ def test_cancel_stops_speech_and_nothing_follows_the_turn(w, voice_path):
     frames = []
     while not any(isinstance(f, codec.TtsAudioFrame) for f in frames):
         frames.append(w.recv())
-    w.send(codec.CancelRequest(request_id=w.rid(), agent_id=agent,
+    cancel_rid = w.rid()
+    w.send(codec.CancelRequest(request_id=cancel_rid, agent_id=agent,
                                mode=codec.CancelMode.StopAndKeep))
-    frames += w.recv_until(codec.TurnComplete)
+    after = w.recv_until(codec.TurnComplete)
+    frames += after
     assert frames[-1].status == codec.TurnStatus.Cancelled
+    acks = [f for f in after if isinstance(f, codec.Ack) and f.request_id == cancel_rid]
+    assert len(acks) == 1                   # the Ack, then the TurnComplete
     w.nothing(1.5)                      # no audio after the turn ended
     sentences = {f.sentence_index for f in frames if isinstance(f, codec.TtsAudioFrame)}
     assert len(sentences) < 8
@@ -426,3 +430,43 @@ def test_voice_messages_on_unknown_agents(w):
                                               voice=profile()), ErrorCode.InvalidAgentId)
     w.expect_error(codec.SetAgentDeliveryModeRequest(request_id=w.rid(), agent_id=999_999,
                                                      mode="x"), ErrorCode.InvalidAgentId)
+
+
+def test_a_client_that_stops_reading_holds_its_speech_back(model_file, tmp_path):
+    """No lookahead limit here, and a small send queue: what bounds the speech of a client
+    that reads nothing is the connection's backpressure. Synthesis stops while it is
+    paused and the turn finishes, every sentence in order, once the client reads."""
+    from wire import MODELS_DIR, start_server
+    model_file(VOICE)
+    srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
+        "voice.lookahead_ms=3600000", "transport.send_queue_high_bytes=65536",
+        "transport.send_queue_low_bytes=16384", "transport.stall_timeout_ms=120000"])
+    try:
+        wire = Wire(srv.address, timeout=120, rcvbuf=8192)
+        wire.create_session(locale="en")
+        # 60 sentences, about 8 MB of audio: more than the kernel's socket buffers take
+        lines = [f"Here is line number {n} of a very long speech." for n in range(60)]
+        text = " ".join(lines)
+        agent = create(wire, speak_graph(text), voice=profile())
+        wire.send(codec.SendMessageRequest(request_id=wire.rid(), agent_id=agent, text="go"))
+
+        def synthesized() -> int:
+            mem = srv.models.memory().get(VOICE)
+            return mem["engine_memory"]["synthesized"] if mem else 0
+
+        import time
+        seen, still = -1, 0
+        deadline = time.monotonic() + 60
+        while still < 8 and time.monotonic() < deadline:     # 2 s without a new sentence
+            time.sleep(0.25)
+            now = synthesized()
+            still = still + 1 if now == seen else 0
+            seen = now
+        assert 0 < seen < 60, seen             # held back, not finished
+        frames = wire.recv_until(codec.TurnComplete)
+        assert frames[-1].status == codec.TurnStatus.Success
+        assert sorted({f.sentence_index for f in frames
+                       if isinstance(f, codec.TtsAudioFrame)}) == list(range(60))
+        wire.close()
+    finally:
+        srv.shutdown(10)

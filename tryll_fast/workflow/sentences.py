@@ -22,17 +22,17 @@ _ENDS = ".!?\u2026"
 _CLOSERS = "\"')]}\u201d\u2019\u00bb"
 _CLAUSE_MARKS = ",;:\u2014\u2013"
 _ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "mt", "no",
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "mt",
     "prof", "capt", "gen", "lt", "sgt", "col", "fig", "approx", "dept", "est", "vol",
 })
 # Characters that mark up text for the eye, not the ear (markdown emphasis, headings).
-_UNSPOKEN = re.compile(r"[*_#~`|]+")
+_UNSPOKEN = re.compile(r"[*_#~`]+")
 _SPACES = re.compile(r"\s+")
 
 
 def speakable(text: str) -> str:
     """What the voice reads: markup characters removed, whitespace collapsed."""
-    return _SPACES.sub(" ", _UNSPOKEN.sub(" ", text)).strip()
+    return _SPACES.sub(" ", _UNSPOKEN.sub("", text).replace("|", " ")).strip()
 
 
 class SentenceSplitter:
@@ -43,7 +43,6 @@ class SentenceSplitter:
         self.max_chars = max(self.min_chars, int(max_chunk_chars))
         self._buf = ""
         self._scan = 0              # boundaries before this index were already examined
-        self._cut = 0               # the current chunk starts here (a boundary too short)
         self.emitted = 0
 
     def feed(self, text: str) -> list[str]:
@@ -68,13 +67,13 @@ class SentenceSplitter:
                     j += 1
                 if j >= n:
                     break               # the next character decides; wait for it
-                if buf[j].isspace() and not (c == "." and self._abbreviation(i)):
+                if buf[j].isspace() and not (c == "." and _abbreviation(buf, i)):
                     end = j
                 i = j - 1
             if end > 0:
                 chunk = buf[:end]
                 if len(chunk.strip()) >= self.min_chars:
-                    out.append(chunk)
+                    out.extend(self._limited(chunk, len(out)))
                     buf = buf[end:]
                     n = len(buf)
                     i = 0
@@ -83,53 +82,78 @@ class SentenceSplitter:
         self._buf = buf
         self._scan = min(i, len(buf))
         out.extend(self._cap(len(out)))
+        out = [s for s in (c.strip() for c in out) if s]
         self.emitted += len(out)
-        return [s for s in (c.strip() for c in out) if s]
+        return out
 
     def flush(self) -> list[str]:
         """The rest of the text (the generation ended)."""
-        rest = self._buf.strip()
+        rest = self._buf
         self._buf = ""
         self._scan = 0
-        if rest:
-            self.emitted += 1
-            return [rest]
-        return []
+        out = [s for s in (c.strip() for c in self._limited(rest, 0)) if s]
+        self.emitted += len(out)
+        return out
 
-    def _abbreviation(self, dot: int) -> bool:
-        start = dot
-        while start > 0 and not self._word_break(self._buf[start - 1]):
-            start -= 1
-        word = self._buf[start:dot].lower()
-        if not word:
-            return False
-        if len(word) == 1 and word.isalpha():
-            return True                 # an initial: "J. R. R. Tolkien"
-        return word in _ABBREVIATIONS
+    def _limit_of(self, done: int) -> int:
+        """The cap of the next chunk (`done` chunks completed by this call so far)."""
+        if self.first_max and self.emitted + done == 0:
+            return self.first_max
+        return self.max_chars
 
-    @staticmethod
-    def _word_break(c: str) -> bool:
-        return c.isspace() or c in "\"'([{"
+    def _cut(self, text: str, cap: int) -> int:
+        """Where to cut `text` (longer than cap): after the last clause mark before the
+        cap, else at the last space; -1 when neither leaves min_sentence_chars."""
+        head = text[:cap]
+        cut = max(head.rfind(m) for m in _CLAUSE_MARKS) + 1
+        if cut < self.min_chars:
+            cut = head.rfind(" ")
+            if cut < self.min_chars:
+                return -1
+        return cut
 
-    def _cap(self, done: int) -> list[str]:
-        """Cut the buffer at a clause or word boundary while it is over its cap (`done`:
-        chunks already completed by this feed)."""
+    def _limited(self, chunk: str, done: int) -> list[str]:
+        """A complete chunk, cut into pieces under their caps."""
         out = []
         while True:
-            first = self.emitted + done + len(out) == 0 and self.first_max > 0
-            cap = self.first_max if first else self.max_chars
+            cap = self._limit_of(done + len(out))
+            if len(chunk.strip()) <= cap:
+                out.append(chunk)
+                return out
+            cut = self._cut(chunk, cap)
+            if cut < 0:
+                if len(chunk) <= self.max_chars:
+                    out.append(chunk)   # no boundary under the first cap: keep it whole
+                    return out
+                cut = self.max_chars    # one endless word: cut it anyway
+            out.append(chunk[:cut])
+            chunk = chunk[cut:]
+
+    def _cap(self, done: int) -> list[str]:
+        """The incomplete sentence in the buffer, cut while it is over its cap."""
+        out = []
+        while True:
+            cap = self._limit_of(done + len(out))
             if len(self._buf) <= cap:
                 return out
-            head = self._buf[:cap]
-            cut = max(head.rfind(m) for m in _CLAUSE_MARKS)
-            if cut + 1 < self.min_chars:
-                cut = head.rfind(" ")
-                if cut < self.min_chars:
-                    cut = -1
+            cut = self._cut(self._buf, cap)
             if cut < 0:
                 if len(self._buf) <= self.max_chars:
                     return out          # no boundary under the first cap yet: wait
-                cut = self.max_chars - 1    # one endless word: cut it anyway
-            out.append(self._buf[:cut + 1])
-            self._buf = self._buf[cut + 1:]
+                cut = self.max_chars
+            out.append(self._buf[:cut])
+            self._buf = self._buf[cut:]
             self._scan = 0
+
+
+def _abbreviation(buf: str, dot: int) -> bool:
+    """The word before the period at `dot` is an abbreviation or an initial."""
+    start = dot
+    while start > 0 and not (buf[start - 1].isspace() or buf[start - 1] in "\"'([{"):
+        start -= 1
+    word = buf[start:dot].lower()
+    if not word:
+        return False
+    if len(word) == 1 and word.isalpha():
+        return True                     # an initial: "J. R. R. Tolkien"
+    return word in _ABBREVIATIONS

@@ -9,6 +9,10 @@ previous is done, so a delivery-mode switch applies from the next sentence), eac
 moment its audio is needed: now for the turn's first sentence, later the end of what the
 client already holds, so the engine serves whoever would run dry first.
 
+A client that stops reading holds its speech back: while its connection is paused
+(backpressure, docs/architecture.md) no further sentence is handed to the voice, and the
+strand goes on when the connection drains, as a language model's streaming does.
+
 When a sentence is done its audio is cut into chunks of `chunk_samples` and encoded while
 it is converted to int16 (codec.encode_tts_audio), the chunks are sent in order, then the
 sentence's TtsVisemeFrame when the voice emits visemes. Cancel stops the strand after the
@@ -82,6 +86,7 @@ class SpeechStrand:
         self._send_lock = threading.Lock()  # held while a sentence's frames are sent
         self._inflight = None
         self._closed = False
+        self._held = None                   # on_resume unregistration while held back
         self.stopped = False
         self.error: BaseException | None = None
         self.sentences = 0
@@ -113,6 +118,7 @@ class SpeechStrand:
         with self._lock:
             self._pending.clear()
             req = self._inflight
+            self._release_hold()
         if req is not None:
             req.cancel()
         with self._send_lock:       # wait out a chunk being sent right now
@@ -122,7 +128,15 @@ class SpeechStrand:
     # ---- the voice ----
 
     def _submit_next(self) -> None:
-        """With _lock held: hand the next sentence to the engine."""
+        """With _lock held: hand the next sentence to the engine, unless the client is not
+        reading (then once its connection resumes)."""
+        conn = self.turn.conn
+        if getattr(conn, "paused", False):
+            if self._held is None:
+                self._held = self.turn.session.on_resume(self._resumed)
+            if conn.paused:         # (re-read: it may have resumed before the registration)
+                return
+            self._release_hold()
         text = self._pending.popleft()
         mode, intensity = self.delivery.get()
         self.modes.append(mode)
@@ -130,6 +144,18 @@ class SpeechStrand:
             text, length_scale=length_scale(self.voice, mode, intensity),
             speaker_id=self.voice.speaker_id, deadline=self.audio.deadline(),
             priority=self.priority, on_done=self._on_done)
+
+    def _resumed(self) -> None:
+        """The connection drained (reactor thread)."""
+        with self._lock:
+            self._release_hold()
+            if self._pending and self._inflight is None and not self.stopped:
+                self._submit_next()
+
+    def _release_hold(self) -> None:
+        if self._held is not None:
+            self._held()
+            self._held = None
 
     def _on_done(self, req) -> None:
         """The speech thread: send this sentence, then hand over the next."""
@@ -143,7 +169,7 @@ class SpeechStrand:
             if self._pending and not self.stopped:
                 self._submit_next()
                 return
-            finished = self._closed or self.stopped
+            finished = (self._closed or self.stopped) and self._held is None
         if finished:
             self._resolve()
 

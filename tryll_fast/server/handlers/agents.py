@@ -231,9 +231,12 @@ def cancel(session, req):
                          f"mode {int(req.mode)} is not a CancelMode (0..1)")
     with agent.lock:
         turn = agent.turn
+    # the Ack goes first: the turn may end (and send its TurnComplete from the
+    # orchestrator) as soon as it is cancelled, and the protocol orders Ack, TurnComplete
+    session.send_reply(codec.Ack(request_id=req.request_id, agent_id=req.agent_id))
     if turn is not None:
         turn.cancel(int(req.mode))
-    return codec.Ack(request_id=req.request_id, agent_id=req.agent_id)
+    return None
 
 
 @handles("ChangeAgentParamRequest")

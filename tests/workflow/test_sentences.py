@@ -1,0 +1,90 @@
+"""The sentence splitter of the speaking nodes: where text is cut, and that feeding it in
+any pieces gives the same chunks and loses nothing."""
+import re
+
+from hypothesis import given, settings, strategies as st
+
+from tryll_fast.workflow.sentences import MAX_CHUNK_CHARS, SentenceSplitter, speakable
+
+
+def split(text, pieces=None, **kw):
+    s = SentenceSplitter(**kw)
+    out = []
+    if pieces is None:
+        out += s.feed(text)
+    else:
+        i = 0
+        for n in pieces:
+            out += s.feed(text[i:i + n])
+            i += n
+        out += s.feed(text[i:])
+    return out + s.flush()
+
+
+def test_sentences_end_at_terminal_punctuation_followed_by_space():
+    assert split("Hello there, friend! Sit down. What will it be?") == [
+        "Hello there, friend!", "Sit down. What will it be?"]      # "Sit down." < 12
+    assert split("Wait... what?! Really?  Yes.\nNew line", min_sentence_chars=1) == [
+        "Wait...", "what?!", "Really?", "Yes.", "New line"]
+
+
+def test_no_cut_inside_numbers_abbreviations_and_initials():
+    text = "Dr. Smith paid 3.5 gold to J. R. Tolkien, e.g. for a map. Then he left."
+    assert split(text) == ["Dr. Smith paid 3.5 gold to J. R. Tolkien, e.g. for a map.",
+                           "Then he left."]
+
+
+def test_closing_quotes_stay_with_their_sentence():
+    assert split('She said "Run!" and then "Hide." Now we wait here.') == [
+        'She said "Run!"', 'and then "Hide."', "Now we wait here."]
+
+
+def test_short_sentences_merge_with_the_next():
+    assert split("Yes. No. Maybe so, traveller.", min_sentence_chars=12) == [
+        "Yes. No. Maybe so, traveller."]
+    assert split("Yes. No. Maybe so, traveller.", min_sentence_chars=1) == [
+        "Yes.", "No.", "Maybe so, traveller."]
+
+
+def test_the_first_chunk_is_cut_at_a_clause_or_a_word():
+    text = ("Well, traveller, the road to the northern keep winds through the old forest "
+            "where the wolves hunt at night. Beware.")
+    out = split(text, first_chunk_max_chars=30)
+    assert out[0] == "Well, traveller," and len(out[0]) <= 30
+    out = split("Aaaa bbbb cccc dddd eeee ffff gggg hhhh iiii.", first_chunk_max_chars=20)
+    assert out[0] == "Aaaa bbbb cccc dddd" and out[1] == "eeee ffff gggg hhhh iiii."
+    # only the first chunk is capped
+    assert all(len(c) <= MAX_CHUNK_CHARS for c in out)
+
+
+def test_a_sentence_that_never_ends_is_cut_at_the_cap():
+    text = " ".join(["word"] * 300)
+    out = split(text)
+    assert all(len(c) <= MAX_CHUNK_CHARS for c in out) and len(out) >= 3
+    assert " ".join(out).split() == text.split()
+    blob = "x" * 1000                                   # one endless word
+    assert "".join(split(blob)) == blob
+
+
+def test_speakable_drops_markup():
+    assert speakable("*smiles* Hello,   **friend**!\n# Menu") == "smiles Hello, friend! Menu"
+
+
+PROSE = st.lists(st.sampled_from([
+    "Hello", "there", "friend", "3.5", "Dr.", "J.", "e.g.", "gold", "Sit", "down.", "Run!",
+    "What?", "Well,", "the", "road...", '"Hide."', "wolves", "\n", "ok", "x" * 30, "—",
+]), max_size=80).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=PROSE, pieces=st.lists(st.integers(1, 7), max_size=60),
+       min_chars=st.integers(1, 40), first=st.sampled_from([0, 20, 50]))
+def test_pieces_do_not_change_the_chunks_and_nothing_is_lost(text, pieces, min_chars, first):
+    whole = split(text, min_sentence_chars=min_chars, first_chunk_max_chars=first)
+    streamed = split(text, pieces, min_sentence_chars=min_chars, first_chunk_max_chars=first)
+    assert streamed == whole
+    squash = lambda s: re.sub(r"\s+", "", s)           # noqa: E731
+    assert squash("".join(whole)) == squash(text)
+    assert all(c == c.strip() and c for c in whole)
+    assert all(len(c) >= min_chars for c in whole[:-1] if len(c) < MAX_CHUNK_CHARS
+               and not (first and c is whole[0]))
