@@ -152,6 +152,11 @@ GATES = [
     Ratio("transport_cross_thread_p50_vs_uvloop",
           _transport("cross_thread_1ms", "uvloop", "latency_us_p50"),
           _transport("cross_thread_1ms", "ours", "latency_us_p50"), 1.0),
+    Ratio("tts_first_audio_vs_sequential",
+          Pick("sequential_first_audio_ms_p50", suite="tts", case="first_audio"),
+          Pick("ours_first_audio_ms_p50", suite="tts", case="first_audio"), 3.0),
+    Ratio("pcm_chunking_vs_numpy", Pick(suite="tts", case="pcm_chunking", impl="numpy"),
+          Pick(suite="tts", case="pcm_chunking", impl="ours"), 2.0),
     Overhead("workflow_first_token_overhead_ms",
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",
@@ -218,7 +223,7 @@ def report(data):
     for b in data["benchmarks"]:
         info = b.get("extra_info", {})
         by_suite.setdefault(info.get("suite"), []).append(b)
-    for suite in ("engine", "peer", "workflow", "transport"):
+    for suite in ("engine", "peer", "workflow", "tts", "transport"):
         rows = sorted(by_suite.get(suite, []),
                       key=lambda b: (b["extra_info"].get("case"), b["extra_info"].get("impl")))
         for b in rows:

@@ -8,7 +8,12 @@ Gates (python -m benchmarks.gates):
                                  doing what a user would build without it: Generate the
                                  whole reply, then synthesize it in one piece (a Speak node
                                  that never cuts), then send. Same prompt, same greedy reply
-                                 (checked), rounds alternated                         >= 3
+                                 (checked), rounds alternated. Each side has a server
+                                 process of its own (same build, same settings): in one
+                                 process the second agent would reuse the first one's
+                                 cached lore, decoded in another batch shape, and greedy
+                                 decoding follows the last bits of the floats, so the two
+                                 replies would not be the same text                   >= 3
   pcm_chunking_vs_numpy          float samples of a real 5 s sentence -> TtsAudioFrame
                                  frames of 40 ms: ours (converted to int16 while each frame
                                  is written, codec.encode_tts_audio) against the
@@ -49,6 +54,13 @@ CHUNK = 882                  # 40 ms at 22 050 Hz, the server's default chunk
 def server():
     ensure_model(SMOL, MODELS_DIR)
     ensure_model(VOICE, MODELS_DIR)
+    proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS)
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def second_server(server):
     proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS)
     yield proc
     proc.close()
@@ -120,29 +132,31 @@ def _p(values, q):
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def test_first_audio_vs_sequential(benchmark, server):
+def test_first_audio_vs_sequential(benchmark, server, second_server):
     c = Client(server.port)
+    c2 = Client(second_server.port)
     try:
         ours = create_agent(c, [("talk", codec.GenerateAndSpeakParams(
             system_prompt=SYSTEM, sampling=_sampling()))])
-        naive = create_agent(c, [
+        naive = create_agent(c2, [
             ("write", codec.GenerateParams(system_prompt=SYSTEM, sampling=_sampling(),
                                            send=codec.SendMode.Whole, default_exit="read")),
             # one piece: never cut at a sentence (up to the splitter's 400-character cap)
-            ("read", codec.SpeakParams(min_sentence_chars=100_000))], rid=4)
+            ("read", codec.SpeakParams(min_sentence_chars=100_000))])
         spoken_turn(c, ours)                     # warm: both models loaded, prefix cached
-        spoken_turn(c, naive)
+        spoken_turn(c2, naive)
 
         def rounds():
             out = {"ours": [], "sequential": []}
             for _ in range(ROUNDS):
                 out["ours"].append(spoken_turn(c, ours))
-                out["sequential"].append(spoken_turn(c, naive))
+                out["sequential"].append(spoken_turn(c2, naive))
             return out
 
         results = benchmark.pedantic(rounds, rounds=1, iterations=1)
     finally:
         c.close()
+        c2.close()
     texts = {r["text"].strip() for side in results.values() for r in side}
     assert len(texts) == 1, texts                # the same reply on both sides
     benchmark.group = "tts"

@@ -93,7 +93,7 @@ def test_timeline_of_nothing_and_bad_shapes():
 
 # ---- float -> int16 frames ----
 
-def test_pcm_frames_clip_round_and_silence_nan():
+def test_pcm_frames_clip_round_to_even_and_silence_nan():
     x = np.array([0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, np.nan, 1e-6, -1e-6, 0.00002],
                  dtype=np.float32)
     frames = codec.encode_tts_audio(5, 6, "n", x, 4, 100, 3)
@@ -111,13 +111,31 @@ def test_pcm_frames_equal_the_generic_encoder_on_random_audio():
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(10_000) * 0.7).astype(np.float32)
     frames = codec.encode_tts_audio(1, 2, "speaker", x, 882, 5000, 1)
-    ref = np.where(x >= 0, np.clip(x * 32767, -32768, 32767) + 0.5,
-                   np.clip(x * 32767, -32768, 32767) - 0.5).astype(np.int16)
+    ref = np.rint(np.clip(x * np.float32(32767), -32768, 32767)).astype(np.int16)
     for k, frame in enumerate(frames):
         chunk = ref[k * 882:(k + 1) * 882]
         assert frame == codec.encode(codec.TtsAudioFrame(
             request_id=1, agent_id=2, pcm=chunk, node_name="speaker",
             sample_offset=5000 + k * 882, sentence_index=1))
+
+
+def test_pcm_vector_and_scalar_paths_agree():
+    """Eight samples a step (SSE2 / NEON) and the one-by-one tail convert alike, ties,
+    infinities and NaN included."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(1003) * 0.8).astype(np.float32)
+    x[::97] = np.float32(0.5 / 32767 * 3)          # exact ties after scaling: 1.5 -> 2
+    x[5], x[6], x[7], x[8] = np.nan, np.inf, -np.inf, 1.5
+    vector = b"".join(bytes(codec.decode_frame(f).body.pcm)
+                      for f in codec.encode_tts_audio(1, 1, "n", x, 1003, 0, 0))
+    scalar = b"".join(bytes(codec.decode_frame(f).body.pcm)
+                      for f in codec.encode_tts_audio(1, 1, "n", x, 1, 0, 0))
+    assert vector == scalar
+    got = np.frombuffer(vector, "<i2")
+    assert got[5] == 0 and got[6] == 32767 and got[7] == -32768 and got[8] == 32767
+    ref = np.rint(np.clip(np.nan_to_num(x, nan=0.0, posinf=2.0, neginf=-2.0)
+                          * np.float32(32767), -32768, 32767)).astype(np.int16)
+    assert np.array_equal(got, ref)
 
 
 def test_pcm_frames_refuse_bad_arguments():
