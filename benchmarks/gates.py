@@ -86,6 +86,24 @@ class Ratio:
             self.den.put(d, a)
 
 
+class PairedRatio(Ratio):
+    """value = the median of num[i] / den[i] over rounds run in pairs (the two sides of
+    round i measured one right after the other, in alternating order), gated `>=`: a
+    drift in the machine's speed during the run falls inside each pair. The Picks'
+    fields hold the per-round lists."""
+
+    def measure(self, data):
+        pairs = self._pairs(data)
+        if len(pairs) != 1:
+            return float("nan")
+        nums, dens = self.num.get(pairs[0][0]), self.den.get(pairs[0][1])
+        if not nums or not dens or len(nums) != len(dens) or any(d <= 0 for d in dens):
+            return float("nan")
+        ratios = sorted(n / d for n, d in zip(nums, dens))
+        mid = len(ratios) // 2
+        return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
 class Overhead:
     """value = a duration the client's clock saw minus the engine's own for the same
     event, recorded per event and summarised (p50) by the benchmark; gated `<=`. Such a
@@ -145,10 +163,12 @@ GATES = [
           _peer("first_contact", "ours"), 1.5),
     Ratio("peer_warm_vs_llama_server", _peer("warm", "llama_server"), _peer("warm", "ours"),
           1.0),
-    Ratio("transport_rps_vs_uvloop_64conn", _transport("rps_64conn", "uvloop"),
-          _transport("rps_64conn", "ours"), 1.3),
-    Ratio("transport_stream_vs_uvloop", _transport("stream_100k", "uvloop"),
-          _transport("stream_100k", "ours"), 1.5),
+    PairedRatio("transport_rps_vs_uvloop_64conn",
+                Pick("uvloop_rounds_s", suite="transport", case="rps_64conn"),
+                Pick("ours_rounds_s", suite="transport", case="rps_64conn"), 1.3),
+    PairedRatio("transport_stream_vs_uvloop",
+                Pick("uvloop_rounds_s", suite="transport", case="stream_100k"),
+                Pick("ours_rounds_s", suite="transport", case="stream_100k"), 1.5),
     Ratio("transport_cross_thread_p50_vs_uvloop",
           _transport("cross_thread_1ms", "uvloop", "latency_us_p50"),
           _transport("cross_thread_1ms", "ours", "latency_us_p50"), 1.0),

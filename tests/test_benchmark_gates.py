@@ -76,3 +76,15 @@ def test_a_missing_side_is_a_failure_not_a_pass(summary):
                                    else gate.pick).where["suite"]]}
         value = gate.measure(kept)
         assert math.isnan(value), gate.name
+
+
+def test_a_paired_ratio_is_the_median_of_the_pairs():
+    gate = gates.PairedRatio("g", gates.Pick("a_s", suite="s", case="c"),
+                             gates.Pick("b_s", suite="s", case="c"), 1.3)
+    data = {"benchmarks": [{"name": "x", "stats": {"median": 1.0}, "extra_info": {
+        "suite": "s", "case": "c", "a_s": [2.0, 3.0, 1.0, 10.0], "b_s": [1.0, 1.0, 1.0, 1.0]}}]}
+    assert gate.measure(data) == 2.5                 # ratios 1, 2, 3, 10
+    swapped = gates.swap_sides(data, gate)
+    assert gate.measure(swapped) == pytest.approx((1 / 2 + 1 / 3) / 2)
+    data["benchmarks"][0]["extra_info"]["b_s"] = [1.0, 1.0]
+    assert math.isnan(gate.measure(data))           # unpaired rounds are no measurement

@@ -98,16 +98,26 @@ def encode(body):
     when the frame would exceed 1 MiB."""
     cdef Message msg
     cdef Builder b
-    cdef uint32_t root
+    cdef uint32_t root, o_body
+    cdef uint8_t tag
     cdef bytes out
-    if isinstance(body, Message):
-        msg = <Message>body
-    else:
-        msg = Message.__new__(Message)
-        msg._v_body = body
     b = _take_builder()
     try:
-        root = _b_Message(b, msg)
+        if isinstance(body, Table) and not isinstance(body, Message):
+            # the usual case, a body table: Message{body} written without the wrapper
+            tag = _tag_MessageBody(body, 'Message.body')
+            o_body = _BF_MessageBody[tag](b, body)
+            b.start_object(2)
+            b.add_u8(0, tag, 0)
+            b.add_offset(1, o_body)
+            root = b.end_object()
+        else:
+            if isinstance(body, Message):
+                msg = <Message>body
+            else:
+                msg = Message.__new__(Message)
+                msg._v_body = body
+            root = _b_Message(b, msg)
         b.finish(root, True, NULL)
         if b.offset() - 4 > TF_MAX_FRAME:
             raise FrameTooLarge(

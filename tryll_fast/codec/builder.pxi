@@ -372,22 +372,35 @@ cdef class Builder:
 
 
 # Builders are pooled: encode() may run on several threads at once (reactor,
-# engine, speech), and list.pop/append are atomic under the GIL.
+# engine, speech), and list.pop/append are atomic under the GIL. One spare builder sits
+# in front of the pool: taking and giving it back is a flag flip, no list call (most
+# encodes run one at a time). The flag changes with the GIL held and no Python code
+# between the test and the flip, so two threads never take it together.
 cdef list _builder_pool = []
+cdef Builder _spare = Builder()
+cdef bint _spare_taken = False
 
 
 cdef inline Builder _take_builder():
+    global _spare_taken
     cdef Builder b
-    try:
-        b = <Builder>_builder_pool.pop()
-    except IndexError:
-        b = Builder()
+    if not _spare_taken:
+        _spare_taken = True
+        b = _spare
+    else:
+        try:
+            b = <Builder>_builder_pool.pop()
+        except IndexError:
+            b = Builder()
     b.reset()
     return b
 
 
 cdef inline void _give_builder(Builder b):
-    if len(_builder_pool) < 16 and b.cap <= 4 * 1048576:
+    global _spare_taken
+    if b is _spare:
+        _spare_taken = False
+    elif len(_builder_pool) < 16 and b.cap <= 4 * 1048576:
         _builder_pool.append(b)
 
 

@@ -269,6 +269,7 @@ cdef class Connection:
 
     cdef int _on_readable(self) except -1:
         cdef ssize_t n
+        cdef Py_ssize_t want
         cdef Py_ssize_t budget = READ_BUDGET
         cdef int err
         cdef Reactor r = self._reactor
@@ -277,7 +278,8 @@ cdef class Connection:
             while not self.closed and budget > 0:
                 if self._rcap - self._rlen < READ_MIN_FREE:
                     self._grow(self._rlen + READ_MIN_FREE)
-                n = recv(self.fd, self._rbuf + self._rlen, self._rcap - self._rlen, 0)
+                want = self._rcap - self._rlen
+                n = recv(self.fd, self._rbuf + self._rlen, want, 0)
                 if n > 0:
                     self.bytes_in += n
                     r.bytes_in += n
@@ -288,6 +290,11 @@ cdef class Connection:
                     self._extract()
                     if self.paused:
                         break             # backpressure: leave the rest in the kernel
+                    if n < want:
+                        # a short read drained the socket: asking again would only
+                        # return EAGAIN (one wasted syscall per wake-up); epoll is
+                        # level-triggered and reports the next bytes
+                        break
                     continue
                 if n == 0:
                     self._teardown("closed" if self._wr_shut else "peer closed")
