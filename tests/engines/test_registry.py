@@ -10,9 +10,12 @@ from tryll_fast.models.manager import DEFAULT_LOADERS
 
 def test_the_manager_loads_through_the_registry():
     assert DEFAULT_LOADERS == registry.loaders()
-    assert set(registry.ENGINES) == {"llama-cpp", "onnxruntime"}
+    assert set(registry.ENGINES) == {"llama-cpp", "onnxruntime", "faster-whisper",
+                                     "sherpa-onnx"}
     assert registry.ENGINES["llama-cpp"].roles == {"llm", "embedding"}
     assert registry.ENGINES["onnxruntime"].roles == {"tts"}
+    assert registry.ENGINES["faster-whisper"].roles == {"stt"}
+    assert registry.ENGINES["sherpa-onnx"].roles == {"vad"}
     assert set(registry.PREPARE) == {"piper"}
     assert set(roles.ROLE_INTERFACES) == {"llm", "embedding", "tts", "stt", "vad"}
 
@@ -20,7 +23,8 @@ def test_the_manager_loads_through_the_registry():
 def test_warm_knows_only_the_engines_of_this_build():
     assert registry.warm("llama-cpp") is True
     assert registry.warm("onnxruntime") is True
-    assert registry.warm("sherpa-onnx") is False
+    assert registry.warm("faster-whisper") is True and registry.warm("sherpa-onnx") is True
+    assert registry.warm("mock") is False
 
 
 @pytest.mark.model

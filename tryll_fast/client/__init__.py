@@ -7,8 +7,10 @@ delivering unsolicited frames to callbacks, `TryllError(code, message)`; agents
 (`create_agent` -> `Agent` / `AsyncAgent`): the graph builder, variables, per-agent turn
 streams serialised client-side, cancel, change_params, update/get variables, tool-call
 and pause callbacks with resume, the dialog lifecycle (append / remove interactions,
-export / import, save / load, KV-cache prefill / evict / status), destroy. It shares the
-codec with the server and nothing else.
+export / import, save / load, KV-cache prefill / evict / status), their voice (audio and
+viseme callbacks, set_voice, set_delivery_mode), destroy; voice inputs
+(`create_voice_input` -> a handle: begin / feed / end / cancel / destroy, transcripts).
+It shares the codec with the server and nothing else.
 """
 from tryll_fast.client.agents import (
     AddToSet, Agent, Assign, AsyncAgent, AsyncTurnStream, GraphDescription, RemoveFromSet,
@@ -18,9 +20,11 @@ from tryll_fast.client.dialog import DialogImport, KvCacheStatus, SavedDialog
 from tryll_fast.client.aio import AsyncTryllClient
 from tryll_fast.client.errors import ReaderThreadError, TryllError
 from tryll_fast.client.sync import TryllClient
+from tryll_fast.client.voice_input_handle import AsyncVoiceInputHandle, VoiceInputHandle
 from tryll_fast.errors import ErrorCode
 
 __all__ = ["AddToSet", "Agent", "Assign", "AsyncAgent", "AsyncTryllClient", "AsyncTurnStream",
            "DialogImport", "ErrorCode", "GraphDescription", "KvCacheStatus",
            "ReaderThreadError", "RemoveFromSet", "Reset", "SavedDialog", "ToolResult",
-           "TryllClient", "TryllError", "TurnResult", "TurnStream"]
+           "TryllClient", "TryllError", "TurnResult", "TurnStream", "VoiceInputHandle",
+           "AsyncVoiceInputHandle"]

@@ -18,6 +18,8 @@ from tryll_fast.client.agents import AsyncAgent, GraphDescription, create_agent_
 from tryll_fast.client._methods import AsyncMethods
 from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import TryllError
+from tryll_fast.client.voice_input import create_voice_input_call
+from tryll_fast.client.voice_input_handle import AsyncVoiceInputHandle
 from tryll_fast.client.sync import DEFAULT_TIMEOUT_S, RECV_BYTES
 from tryll_fast.errors import ErrorCode
 
@@ -150,6 +152,21 @@ class AsyncTryllClient(AsyncMethods, ClientCore):
             maintain_dialogue_history=maintain_dialogue_history, workload=int(workload),
             kv_cache_initialization=int(kv_cache_initialization), voice=voice), timeout)
         return AsyncAgent(self, agent_id)
+
+    async def create_voice_input(self, model_name: str = "whisper-tiny.en", *,
+                           sample_rate: int = 16000, channels: int = 1,
+                           vad_threshold: float = 0.5, vad_min_silence_ms: int = 1000,
+                           vad_speech_pad_ms: int = 250, hotwords_storage_path: str = "",
+                           hotwords_score: float = 1.5,
+                           timeout: float | None = None) -> AsyncVoiceInputHandle:
+        """A voice input handle (docs/voice.md): the speech-to-text model by catalog name,
+        the format AudioBuffers will carry (16-bit; resampled server-side), VAD settings,
+        hotwords (a storage-root .txt, one phrase a line)."""
+        vid = await self.wait(create_voice_input_call(
+            model_name, int(sample_rate), int(channels), float(vad_threshold),
+            int(vad_min_silence_ms), int(vad_speech_pad_ms), hotwords_storage_path,
+            float(hotwords_score)), timeout)
+        return AsyncVoiceInputHandle(self, vid)
 
     def _new_future(self):
         return self._loop.create_future()

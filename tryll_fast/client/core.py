@@ -7,9 +7,9 @@ callback and DownloadComplete ends it. Every other frame is unsolicited (NodeEve
 AnswerText, TurnComplete, WireTranscriptUpdate, an ErrorResponse of a failing turn, ...) and
 goes to the callbacks registered with `on(MessageType, fn)` (and `on_any`).
 
-The workflow issue adds agents on top of this: frames carrying an agent_id are routed to
-that agent's proxy first (its turn stream, paused and tool-call callbacks), and each proxy
-serialises its own SendMessage turns.
+Agents sit on top of this: frames carrying an agent_id are routed to that agent's proxy
+first (its turn stream, paused, tool-call and speech callbacks), and each proxy serialises
+its own SendMessage turns. WireTranscriptUpdate frames go to their voice input's handle.
 """
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ class ClientCore:
         # agent_id -> callback for that agent's frames without a request_id (AnswerText,
         # NodeEvent): the running turn's stream
         self._agent_frames: dict[int, Callable[[Any], None]] = {}
+        # voice_input_id -> its handle's WireTranscriptUpdate callback
+        self._voice_inputs: dict[int, Callable[[Any], None]] = {}
         self._any: list[Callable[[Any], None]] = []
         self._dropped: TryllError | None = None   # set once the connection has ended
         self._closed = False                      # close() was called
@@ -209,6 +211,13 @@ class ClientCore:
                     route(body)
                 except Exception:
                     log.exception("agent frame callback failed")
+        elif isinstance(body, codec.WireTranscriptUpdate):
+            route = self._voice_inputs.get(body.voice_input_id)
+            if route is not None:
+                try:
+                    route(body)
+                except Exception:
+                    log.exception("voice input callback failed")
         self._unsolicited(body)
 
     def _settle(self, entry: Pending, body, final: bool) -> None:

@@ -22,6 +22,8 @@ from tryll_fast.client.agents import Agent, GraphDescription, create_agent_call
 from tryll_fast.client._methods import SyncMethods
 from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import ReaderThreadError, TryllError
+from tryll_fast.client.voice_input import create_voice_input_call
+from tryll_fast.client.voice_input_handle import VoiceInputHandle
 from tryll_fast.errors import ErrorCode
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -179,6 +181,21 @@ class TryllClient(SyncMethods, ClientCore):
         return Agent(self, agent_id)
 
     # ---- ClientCore futures ----
+
+    def create_voice_input(self, model_name: str = "whisper-tiny.en", *,
+                           sample_rate: int = 16000, channels: int = 1,
+                           vad_threshold: float = 0.5, vad_min_silence_ms: int = 1000,
+                           vad_speech_pad_ms: int = 250, hotwords_storage_path: str = "",
+                           hotwords_score: float = 1.5,
+                           timeout: float | None = None) -> VoiceInputHandle:
+        """A voice input handle (docs/voice.md): the speech-to-text model by catalog name,
+        the format AudioBuffers will carry (16-bit; resampled server-side), VAD settings,
+        hotwords (a storage-root .txt, one phrase a line)."""
+        vid = self.wait(create_voice_input_call(
+            model_name, int(sample_rate), int(channels), float(vad_threshold),
+            int(vad_min_silence_ms), int(vad_speech_pad_ms), hotwords_storage_path,
+            float(hotwords_score)), timeout)
+        return VoiceInputHandle(self, vid)
 
     def _new_future(self):
         return concurrent.futures.Future()

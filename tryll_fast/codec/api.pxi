@@ -195,6 +195,76 @@ cdef bytes _tts_audio_frame(Builder b, uint64_t request_id, uint64_t agent_id,
     return b.output()
 
 
+cdef inline uint32_t _rd_u32le(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef bint _tts_locate(bytes frame, Py_ssize_t pcm_bytes, Py_ssize_t* pcm_pos,
+                      Py_ssize_t* off_pos) noexcept:
+    """Where a size-prefixed Message{TtsAudioFrame} built by _tts_audio_frame keeps its
+    pcm bytes and its sample_offset; False when the layout is not the one expected (the
+    caller then keeps building every frame)."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(frame)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(frame)
+    cdef Py_ssize_t root, vt, body, bvt, ref, vec
+    cdef uint32_t vt_len, voff
+    if size < 16:
+        return False
+    root = 4 + <Py_ssize_t>_rd_u32le(p + 4)
+    if root + 4 > size:
+        return False
+    vt = root - <int32_t>_rd_u32le(p + root)
+    if vt < 4 or vt + 8 > size:
+        return False
+    vt_len = p[vt] | (p[vt + 1] << 8)
+    if vt_len < 8:                                  # Message's field 1: the body
+        return False
+    voff = p[vt + 6] | (p[vt + 7] << 8)
+    ref = root + voff
+    if voff == 0 or ref + 4 > size:
+        return False
+    body = ref + <Py_ssize_t>_rd_u32le(p + ref)
+    if body + 4 > size:
+        return False
+    bvt = body - <int32_t>_rd_u32le(p + body)
+    if bvt < 4 or bvt + 14 > size:
+        return False
+    vt_len = p[bvt] | (p[bvt + 1] << 8)
+    if vt_len < 14:                                 # TtsAudioFrame's fields 2 (pcm), 4
+        return False
+    voff = p[bvt + 8] | (p[bvt + 9] << 8)
+    ref = body + voff
+    if voff == 0 or ref + 4 > size:
+        return False
+    vec = ref + <Py_ssize_t>_rd_u32le(p + ref)
+    if vec + 4 + pcm_bytes > size or _rd_u32le(p + vec) != pcm_bytes:
+        return False
+    voff = p[bvt + 12] | (p[bvt + 13] << 8)
+    if voff == 0 or body + voff + 4 > size:
+        return False
+    pcm_pos[0] = vec + 4
+    off_pos[0] = body + voff
+    return True
+
+
+cdef bytes _tts_from_template(bytes tmpl, Py_ssize_t pcm_pos, Py_ssize_t off_pos,
+                              const float* samples, Py_ssize_t n, uint32_t sample_offset):
+    """A frame laid out as `tmpl`, with these samples and this offset: one allocation, the
+    header copied, the samples converted straight into place."""
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(tmpl)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
+    cdef uint8_t* d = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef const uint8_t* s = <const uint8_t*>PyBytes_AS_STRING(tmpl)
+    memcpy(d, s, pcm_pos)
+    tf_f32_to_s16le(samples, n, d + pcm_pos)
+    memcpy(d + pcm_pos + 2 * n, s + pcm_pos + 2 * n, size - pcm_pos - 2 * n)
+    d[off_pos] = sample_offset & 0xFF
+    d[off_pos + 1] = (sample_offset >> 8) & 0xFF
+    d[off_pos + 2] = (sample_offset >> 16) & 0xFF
+    d[off_pos + 3] = sample_offset >> 24
+    return out
+
+
 cpdef list encode_tts_audio(uint64_t request_id, uint64_t agent_id, str node_name,
                             const float[::1] samples, Py_ssize_t chunk_samples,
                             uint32_t first_offset, uint32_t sentence_index):
@@ -203,11 +273,14 @@ cpdef list encode_tts_audio(uint64_t request_id, uint64_t agent_id, str node_nam
     each frame: no intermediate int16 array, no per-sample Python. Out-of-range samples
     clip, NaN is silence. Frame k carries sample_offset = first_offset + k * chunk_samples.
     The bytes equal encode(TtsAudioFrame(...)) with pcm = the converted chunk (a test
-    checks it)."""
+    checks it). Full chunks after the first one written with a non-zero offset copy its
+    layout and change only the samples and the offset (no builder pass, one write of
+    the samples)."""
     cdef Py_ssize_t n = samples.shape[0]
-    cdef Py_ssize_t start = 0, m
+    cdef Py_ssize_t start = 0, m, pcm_pos = 0, off_pos = 0
     cdef list out = []
     cdef Builder b
+    cdef bytes frame, tmpl = None
     if chunk_samples <= 0 or 2 * chunk_samples > TF_MAX_FRAME - 256:
         raise ValueError(f"chunk_samples {chunk_samples} must be in 1..{(TF_MAX_FRAME - 256) // 2}")
     if n and first_offset + <uint64_t>n - 1 > 4294967295u:
@@ -216,8 +289,18 @@ cpdef list encode_tts_audio(uint64_t request_id, uint64_t agent_id, str node_nam
     try:
         while start < n:
             m = min(chunk_samples, n - start)
-            out.append(_tts_audio_frame(b, request_id, agent_id, node_name, &samples[start],
-                                        m, first_offset + <uint32_t>start, sentence_index))
+            if tmpl is not None and m == chunk_samples:
+                frame = _tts_from_template(tmpl, pcm_pos, off_pos, &samples[start], m,
+                                           first_offset + <uint32_t>start)
+            else:
+                frame = _tts_audio_frame(b, request_id, agent_id, node_name, &samples[start],
+                                         m, first_offset + <uint32_t>start, sentence_index)
+                # a full chunk with a non-zero offset (the field is written, not elided) is
+                # the layout of every later full chunk: only its samples and offset change
+                if (tmpl is None and m == chunk_samples and first_offset + start != 0
+                        and _tts_locate(frame, 2 * m, &pcm_pos, &off_pos)):
+                    tmpl = frame
+            out.append(frame)
             start += m
     finally:
         _give_builder(b)

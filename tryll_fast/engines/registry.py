@@ -68,11 +68,36 @@ def _prepare_piper(main_file: Path, progress: Callable[[float], None]) -> Path:
     return prepare_piper(main_file, progress)
 
 
+def _load_whisper(entry, path: Path, options: Mapping[str, Any]):
+    from tryll_fast.engines.speech.stt import WhisperEngine
+    opts = dict(options)
+    deps = opts.pop("dependencies", {})
+    vad = next((obj for obj in deps.values() if hasattr(obj, "detector")), None)
+    language = entry.languages[0].split("-")[0] if entry.languages else "en"
+    return WhisperEngine(path, vad=vad, language=language, **opts)
+
+
+def _warm_whisper() -> None:
+    import faster_whisper  # noqa: F401 - the import is the warm-up (CTranslate2)
+
+
+def _load_silero(entry, path: Path, options: Mapping[str, Any]):
+    from tryll_fast.engines.speech.vad import SileroVad
+    return SileroVad(path)
+
+
+def _warm_sherpa() -> None:
+    import sherpa_onnx  # noqa: F401
+
+
 ENGINES: dict[str, EngineSpec] = {
     "llama-cpp": EngineSpec("llama-cpp", frozenset({"llm", "embedding"}), _load_llama,
                             _warm_llama),
     "onnxruntime": EngineSpec("onnxruntime", frozenset({"tts"}), _load_onnx_voice,
                               _warm_onnx),
+    "faster-whisper": EngineSpec("faster-whisper", frozenset({"stt"}), _load_whisper,
+                                 _warm_whisper),
+    "sherpa-onnx": EngineSpec("sherpa-onnx", frozenset({"vad"}), _load_silero, _warm_sherpa),
 }
 
 PREPARE: dict[str, Preparer] = {

@@ -322,15 +322,18 @@ class ModelManager:
             self._slots[name] = slot
         # This thread loads; the others wait on the slot (their references already count).
         deps: list[str] = []
+        dep_objs: dict[str, Any] = {}
         fresh_deps: list[str] = []
         t0 = time.perf_counter()
         try:
             for dep in entry.dependencies:
-                _, (_, fresh, sub) = self._acquire(dep, "dependents", as_dependency=True)
+                dep_obj, (_, fresh, sub) = self._acquire(dep, "dependents",
+                                                         as_dependency=True)
                 deps.append(dep)
+                dep_objs[dep] = dep_obj
                 if fresh:
                     fresh_deps.extend(sub + (dep,))
-            obj = self._load_object(entry)
+            obj = self._load_object(entry, dep_objs)
         except BaseException as exc:
             for dep in deps:
                 self._release(dep, "dependents")
@@ -401,9 +404,14 @@ class ModelManager:
             with self._cv:
                 self._cv.notify_all()
 
-    def _load_object(self, entry: ModelEntry):
+    def _load_object(self, entry: ModelEntry, dependencies: Mapping[str, Any]):
+        """The engine's loader; an entry with dependencies gets their loaded objects as
+        options["dependencies"] (a VAD rides its STT model and the STT engine uses it)."""
         loader = self.loaders[entry.engine]
-        return loader(entry, self.store.path(entry.name), self.engine_options.get(entry.engine, {}))
+        options = self.engine_options.get(entry.engine, {})
+        if dependencies:
+            options = {**options, "dependencies": dict(dependencies)}
+        return loader(entry, self.store.path(entry.name), options)
 
 
 def _sizes(obj: Any, entry: ModelEntry) -> tuple[int, int]:

@@ -204,6 +204,8 @@ SETTINGS: tuple[Setting, ...] = (
             "discards)", minimum=0),
     Setting("voice.n_threads", "int", 2, "CPU threads per voice's synthesis", minimum=1,
             maximum=256),
+    Setting("stt.n_threads", "int", 2, "CPU threads per speech-to-text model's decoding "
+            "(voice inputs)", minimum=1, maximum=256),
 )
 SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
 
@@ -250,6 +252,7 @@ class ServerConfig:
     voice_chunk_ms: int
     voice_lookahead_ms: int
     voice_n_threads: int
+    stt_n_threads: int
     # where each value came from: key -> "flag" | "env" | "file <path>" | "default"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -291,7 +294,8 @@ class ServerConfig:
                               else "file",
                               "spill_dir": self.llama_kv_spill_dir},
                 "onnxruntime": {"n_threads": self.voice_n_threads,
-                                "lookahead_s": self.voice_lookahead_ms / 1000.0}}
+                                "lookahead_s": self.voice_lookahead_ms / 1000.0},
+                "faster-whisper": {"n_threads": self.stt_n_threads}}
 
 
 def _check_table() -> None:

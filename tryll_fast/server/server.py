@@ -35,6 +35,7 @@ from tryll_fast.server.dispatch import build_table
 from tryll_fast.server.logs import fields
 from tryll_fast.server.session import Operation, Session
 from tryll_fast.transport import Reactor
+from tryll_fast.voice_input.listener import Listener
 from tryll_fast.workflow.runtime import Limits, Runtime
 
 log = logging.getLogger("tryll_fast.server")
@@ -109,6 +110,9 @@ class Server:
             tool_call_pause_timeout_ms=config.workflow_tool_call_pause_timeout_ms,
             kv_evict_tier=config.workflow_kv_evict_tier, voice_chunk_ms=config.voice_chunk_ms))
         self._agent_ids = itertools.count(1)
+        self._voice_input_ids = itertools.count(1)
+        self.listener = Listener()                  # runs every voice input's VAD
+        self.audio_buffers_dropped = 0              # AudioBuffers for no voice input
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
             protocol_version=PROTOCOL_VERSION, codegen_fingerprint=codec.SCHEMA_FINGERPRINT,
@@ -216,6 +220,7 @@ class Server:
         self.downloads.shutdown(wait=True, cancel_futures=True)
         self.workers.shutdown(wait=True)
         self.runtime.stop()
+        self.listener.stop()
         try:
             self.models.close()
         except TimeoutError as exc:
@@ -268,8 +273,11 @@ class Server:
             ops = list(session.operations)
             pins = list(session.pins)
             agents = list(session.agents.values())
+            voice_inputs = list(session.voice_inputs.values())
         for agent in agents:
             self.destroy_agent(session, agent)
+        for handle in voice_inputs:
+            self.destroy_voice_input(session, handle)
         for op in ops:
             op.cancel()
         if session.throttle is not None:
@@ -333,6 +341,31 @@ class Server:
             self.workers.submit(release)
         except RuntimeError:          # the pool is already shut down
             release()
+
+    # ---- voice inputs ----
+
+    def new_voice_input_id(self) -> int:
+        with self._lock:
+            return next(self._voice_input_ids)
+
+    def register_voice_input(self, session: Session, handle) -> bool:
+        """Add a new voice input; False when its session closed meanwhile."""
+        with self._lock:
+            if session.closed:
+                return False
+            session.voice_inputs[handle.id] = handle
+            return True
+
+    def destroy_voice_input(self, session: Session, handle) -> None:
+        """Drop its utterance now (any thread); release its model on a worker (the last
+        lease may close the model and join its decoding thread)."""
+        handle.destroy()
+        with self._lock:
+            session.voice_inputs.pop(handle.id, None)
+        try:
+            self.workers.submit(handle.lease.release)
+        except RuntimeError:          # the pool is already shut down
+            handle.lease.release()
 
     # ---- operations ----
 
@@ -472,4 +505,8 @@ class Server:
             "shutting_down": self.shutting_down,
             "reactor": self.reactor.stats() if self.reactor is not None else {},
             "models_loaded": [m.name for m in self.models.loaded()],
+            "engines": {name: info.get("engine_memory")
+                        for name, info in self.models.memory().items()},
+            "voice_inputs": sum(len(s.voice_inputs) for s in list(self.sessions.values())),
+            "audio_buffers_dropped": self.audio_buffers_dropped,
         }

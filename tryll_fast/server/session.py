@@ -117,6 +117,7 @@ class Session:
         self.pins: set[str] = set()     # models this session pinned with LoadModel
         self.agents: dict[int, Any] = {}           # agent_id -> workflow Agent
         self.destroyed_agents: set[int] = set()    # for 3002 (vs 3001 for unknown ids)
+        self.voice_inputs: dict[int, Any] = {}     # voice_input_id -> VoiceInput
         self.operations: set[Operation] = set()
         self._lock = threading.Lock()
         # callback -> how many registrations want it (one engine serves many turns)
@@ -283,6 +284,7 @@ class Session:
         return {"operations": sum(ops.values()), "downloads": ops.get("download", 0),
                 "streams": ops.get("stream", 0), "turns": ops.get("turn", 0),
                 "agents": len(self.agents), "pins": len(self.pins),
+                "voice_inputs": len(self.voice_inputs),
                 "resume_callbacks": len(self._resume_callbacks),
                 "throttle": int(self.throttle is not None)}
 

@@ -7,7 +7,7 @@ digits never is (the next character has to be whitespace). Then:
 - a chunk shorter than `min_sentence_chars` waits and is merged with the next one;
 - the node's first chunk is cut early at `first_chunk_max_chars` (0 = no cap), at the last
   clause mark (, ; : —) before the cap, else the last space, so the first audio comes
-  sooner;
+  sooner; what is left after a cut is at least `min_sentence_chars` long;
 - any chunk is cut at MAX_CHUNK_CHARS the same way (a model that never ends a sentence
   must not hold the voice back);
 - `flush()` returns the rest when the text is complete.
@@ -49,10 +49,13 @@ class SentenceSplitter:
         """Add streamed text; return the chunks it completed (possibly none)."""
         if not text:
             return []
-        self._buf += text
-        out: list[str] = []
-        buf = self._buf
+        buf = self._buf + text
         i = self._scan
+        lead = len(buf) - len(buf.lstrip())
+        if lead:                        # chunks never start with whitespace
+            buf = buf[lead:]
+            i = max(0, i - lead)
+        out: list[str] = []
         n = len(buf)
         while i < n:
             c = buf[i]
@@ -74,7 +77,7 @@ class SentenceSplitter:
                 chunk = buf[:end]
                 if len(chunk.strip()) >= self.min_chars:
                     out.extend(self._limited(chunk, len(out)))
-                    buf = buf[end:]
+                    buf = buf[end:].lstrip()
                     n = len(buf)
                     i = 0
                     continue
@@ -101,10 +104,10 @@ class SentenceSplitter:
             return self.first_max
         return self.max_chars
 
-    def _cut(self, text: str, cap: int) -> int:
-        """Where to cut `text` (longer than cap): after the last clause mark before the
-        cap, else at the last space; -1 when neither leaves min_sentence_chars."""
-        head = text[:cap]
+    def _cut(self, text: str, limit: int) -> int:
+        """Where to cut `text`: after the last clause mark at or before `limit`, else at
+        the last space; -1 when neither leaves min_sentence_chars before it."""
+        head = text[:limit]
         cut = max(head.rfind(m) for m in _CLAUSE_MARKS) + 1
         if cut < self.min_chars:
             cut = head.rfind(" ")
@@ -112,37 +115,49 @@ class SentenceSplitter:
                 return -1
         return cut
 
+    # A chunk over its cap is cut at the last boundary under the cap, keeping at least
+    # min_sentence_chars after the cut (a sentence does not end in a stray word). A complete
+    # chunk (_limited) and a growing one (_cap) are cut at the same places: the growing one
+    # is cut only once it is cap + min_sentence_chars long, when the complete one is sure to
+    # be cut there too, so streamed text gives the same chunks however it is split.
+
     def _limited(self, chunk: str, done: int) -> list[str]:
         """A complete chunk, cut into pieces under their caps."""
         out = []
         while True:
             cap = self._limit_of(done + len(out))
-            if len(chunk.strip()) <= cap:
+            size = len(chunk.rstrip())
+            if size <= cap:
                 out.append(chunk)
                 return out
-            cut = self._cut(chunk, cap)
+            cut = self._cut(chunk, min(cap, size - self.min_chars))
             if cut < 0:
-                if len(chunk) <= self.max_chars:
+                if size < self.max_chars + self.min_chars:
                     out.append(chunk)   # no boundary under the first cap: keep it whole
                     return out
-                cut = self.max_chars    # one endless word: cut it anyway
+                cut = self._cut(chunk, self.max_chars)
+                if cut < 0:
+                    cut = self.max_chars    # one endless word: cut it anyway
             out.append(chunk[:cut])
-            chunk = chunk[cut:]
+            chunk = chunk[cut:].lstrip()
 
     def _cap(self, done: int) -> list[str]:
         """The incomplete sentence in the buffer, cut while it is over its cap."""
         out = []
         while True:
             cap = self._limit_of(done + len(out))
-            if len(self._buf) <= cap:
-                return out
+            size = len(self._buf.rstrip())
+            if size < cap + self.min_chars:
+                return out              # where it ends still decides
             cut = self._cut(self._buf, cap)
             if cut < 0:
-                if len(self._buf) <= self.max_chars:
-                    return out          # no boundary under the first cap yet: wait
-                cut = self.max_chars
+                if size < self.max_chars + self.min_chars:
+                    return out
+                cut = self._cut(self._buf, self.max_chars)
+                if cut < 0:
+                    cut = self.max_chars
             out.append(self._buf[:cut])
-            self._buf = self._buf[cut:]
+            self._buf = self._buf[cut:].lstrip()
             self._scan = 0
 
 

@@ -2,8 +2,7 @@
 
 Each one is answered with ErrorResponse 2007 FeatureNotAvailable naming the missing feature:
 never silence, never a fake success. A feature's real handlers replace its entries here
-(the dispatch registry refuses two handlers for one message). AudioBuffer is fire-and-
-forget: it never gets a reply, so without voice input it is dropped.
+(the dispatch registry refuses two handlers for one message).
 """
 from __future__ import annotations
 
@@ -11,9 +10,6 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
 
 FEATURES = {
-    "voice input (speech recognition)": (
-        "CreateVoiceInputRequest", "BeginUtteranceRequest", "EndUtteranceRequest",
-        "CancelUtteranceRequest", "DestroyVoiceInputRequest"),
     "knowledge (string storages, embedded storages, mutable knowledge bases)": (
         "CreateStringStorageRequest", "DestroyStringStorageRequest",
         "CreateEmbeddedStringStorageRequest", "DestroyEmbeddedStringStorageRequest",
@@ -24,7 +20,7 @@ FEATURES = {
         "LoadGameMemoryRequest"),
 }
 # Requests that end work stay available during a graceful shutdown.
-_ENDS_WORK = {"DestroyVoiceInputRequest", "CancelUtteranceRequest"}
+_ENDS_WORK: set[str] = set()
 
 
 def _unavailable(name: str, feature: str):
@@ -39,8 +35,3 @@ def _unavailable(name: str, feature: str):
 for _feature, _names in FEATURES.items():
     for _name in _names:
         handles(_name, during_shutdown=_name in _ENDS_WORK)(_unavailable(_name, _feature))
-
-
-@handles("AudioBuffer", before_session="drop", during_shutdown=True, silent=True)
-def audio_buffer(session, msg):
-    return None     # no voice input can exist in this build, and AudioBuffer has no reply
