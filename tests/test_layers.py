@@ -30,7 +30,8 @@ def imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-LAYERED = sorted(p for sub in ("workflow", "server", "client", "prompting", "voice_input")
+LAYERED = sorted(p for sub in ("workflow", "server", "client", "prompting", "voice_input",
+                                         "knowledge")
                  for p in (PKG / sub).rglob("*.py")) + [PKG / "models" / "manager.py"]
 
 

@@ -125,6 +125,49 @@ class SyncMethods:
         """delete_model() without waiting for the reply: a future of it."""
         return self.start(Calls.delete_model(self, name))
 
+    def create_string_storage(
+            self,
+            name: str,
+            strings: Iterable[str] = (),
+            keys: Iterable[str] = (),
+            file_path: str = '',
+            kind: int = 0,
+            *,
+            timeout: float | None = None,
+    ) -> Any:
+        """Pin a named string storage into the session: inline `strings` (with parallel
+        `keys` for a Map or Multimap) or a `file_path` under the server's storage root
+        (.txt List, .json Map, .mm.json Multimap). kind: StringStorageKind (0 List, 1 Map,
+        2 Multimap). Returns the number of entries loaded.
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.create_string_storage(self, name, strings, keys, file_path, kind)
+        return self.wait(call, timeout)
+
+    def create_string_storage_async(
+            self,
+            name: str,
+            strings: Iterable[str] = (),
+            keys: Iterable[str] = (),
+            file_path: str = '',
+            kind: int = 0,
+    ) -> concurrent.futures.Future:
+        """create_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.create_string_storage(self, name, strings, keys, file_path, kind))
+
+    def destroy_string_storage(self, name: str, *, timeout: float | None = None) -> Any:
+        """Unpin a string storage (agents that linked it keep their copy).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.destroy_string_storage(self, name)
+        return self.wait(call, timeout)
+
+    def destroy_string_storage_async(self, name: str) -> concurrent.futures.Future:
+        """destroy_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.destroy_string_storage(self, name))
+
     def get_memory_consumption(self, *, timeout: float | None = None) -> Any:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse).
 
@@ -267,6 +310,49 @@ class AsyncMethods:
     def delete_model_async(self, name: str) -> asyncio.Future:
         """delete_model() without waiting for the reply: a future of it."""
         return self.start(Calls.delete_model(self, name))
+
+    async def create_string_storage(
+            self,
+            name: str,
+            strings: Iterable[str] = (),
+            keys: Iterable[str] = (),
+            file_path: str = '',
+            kind: int = 0,
+            *,
+            timeout: float | None = None,
+    ) -> Any:
+        """Pin a named string storage into the session: inline `strings` (with parallel
+        `keys` for a Map or Multimap) or a `file_path` under the server's storage root
+        (.txt List, .json Map, .mm.json Multimap). kind: StringStorageKind (0 List, 1 Map,
+        2 Multimap). Returns the number of entries loaded.
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.create_string_storage(self, name, strings, keys, file_path, kind)
+        return await self.wait(call, timeout)
+
+    def create_string_storage_async(
+            self,
+            name: str,
+            strings: Iterable[str] = (),
+            keys: Iterable[str] = (),
+            file_path: str = '',
+            kind: int = 0,
+    ) -> asyncio.Future:
+        """create_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.create_string_storage(self, name, strings, keys, file_path, kind))
+
+    async def destroy_string_storage(self, name: str, *, timeout: float | None = None) -> Any:
+        """Unpin a string storage (agents that linked it keep their copy).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.destroy_string_storage(self, name)
+        return await self.wait(call, timeout)
+
+    def destroy_string_storage_async(self, name: str) -> asyncio.Future:
+        """destroy_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.destroy_string_storage(self, name))
 
     async def get_memory_consumption(self, *, timeout: float | None = None) -> Any:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse).

@@ -309,6 +309,25 @@ class Calls:
                     lambda rid: codec.DeleteModelRequest(request_id=rid, model_name=name),
                     lambda reply: reply.warning)
 
+    def create_string_storage(self, name: str, strings: Iterable[str] = (),
+                              keys: Iterable[str] = (), file_path: str = "",
+                              kind: int = 0) -> Call:
+        """Pin a named string storage into the session: inline `strings` (with parallel
+        `keys` for a Map or Multimap) or a `file_path` under the server's storage root
+        (.txt List, .json Map, .mm.json Multimap). kind: StringStorageKind (0 List, 1 Map,
+        2 Multimap). Returns the number of entries loaded."""
+        return Call("CreateStringStorageRequest",
+                    lambda rid: codec.CreateStringStorageRequest(
+                        request_id=rid, name=name, kind=kind, strings=list(strings),
+                        keys=list(keys), file_path=file_path),
+                    lambda reply: reply.entry_count)
+
+    def destroy_string_storage(self, name: str) -> Call:
+        """Unpin a string storage (agents that linked it keep their copy)."""
+        return Call("DestroyStringStorageRequest",
+                    lambda rid: codec.DestroyStringStorageRequest(request_id=rid, name=name),
+                    _none)
+
     def get_memory_consumption(self) -> Call:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse)."""
         return Call("GetMemoryConsumptionRequest",

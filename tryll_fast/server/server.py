@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 from tryll_fast import PROTOCOL_VERSION, codec
 from tryll_fast.engines import registry
+from tryll_fast.knowledge import StorageFiles
 from tryll_fast.models import ModelManager, load_catalog
 from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.models.manager import DEFAULT_LOADERS
@@ -113,6 +114,7 @@ class Server:
         self._voice_input_ids = itertools.count(1)
         self.listener = Listener()                  # runs every voice input's VAD
         self.audio_buffers_dropped = 0              # AudioBuffers for no voice input
+        self.storage_files = StorageFiles(config.storage_root)  # files nodes link
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
             protocol_version=PROTOCOL_VERSION, codegen_fingerprint=codec.SCHEMA_FINGERPRINT,
@@ -278,6 +280,7 @@ class Server:
             self.destroy_agent(session, agent)
         for handle in voice_inputs:
             self.destroy_voice_input(session, handle)
+        session.strings.clear()
         for op in ops:
             op.cancel()
         if session.throttle is not None:

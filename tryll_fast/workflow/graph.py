@@ -34,9 +34,18 @@ class CompileContext:
     # TryllError (with `code`) when the model cannot serve the node
     resolve_model: Callable[[str, str], tuple[Any, int]]
     code: int = ErrorCode.GraphCompilationFailed
+    # a node's string_storage, the kinds it reads, where -> the StringStorage (a session
+    # storage by name or a file under the storage root; knowledge/strings.py); raises
+    # TryllError naming `where`
+    resolve_strings: Callable[[str, tuple, str], Any] | None = None
 
     def fail(self, where: str, problem: str) -> TryllError:
         return TryllError(self.code, f"{where}: {problem}")
+
+    def strings(self, ref: str, kinds: tuple, where: str):
+        if self.resolve_strings is None:
+            raise self.fail(where, f"string_storage {ref!r}: no string storages here")
+        return self.resolve_strings(ref, kinds, where)
 
 
 class NodeType:

@@ -111,10 +111,13 @@ def _create(session, req):
     server = session.server
     variables = Variables(req.variables)
     resolved: dict = {}
+    linked: dict = {}
     ctx = CompileContext(node_names=frozenset(), default_model=req.default_model_name,
                          variables=variables,
                          resolve_model=model_resolver(server, ErrorCode.GraphCompilationFailed,
-                                                      resolved))
+                                                      resolved),
+                         resolve_strings=strings_resolver(session, linked,
+                                                          ErrorCode.GraphCompilationFailed))
     graph = compile_graph(req.graph, ctx, TYPES)
     speaks = any(node.type.speaks for node in graph.nodes.values())
     voice = voice_checker(session)(req.voice, speaks)
@@ -123,6 +126,7 @@ def _create(session, req):
                   maintain_history=req.maintain_dialogue_history, workload=int(req.workload),
                   kv_init=int(req.kv_cache_initialization), voice=voice)
     agent.resolved_models = resolved
+    agent.linked_strings = linked
     try:
         if agent.kv_init != codec.KvCacheInitialization.DeferAllocation:
             agent.lease_all()
@@ -239,6 +243,22 @@ def cancel(session, req):
     return None
 
 
+def strings_resolver(session, linked: dict, code: int):
+    """A node's string_storage: what this agent already linked under that reference (a
+    storage never changes, and the reference is structural), else the session's storage
+    of that name, else a file under the storage root in the session's language."""
+    def resolve(ref: str, kinds: tuple, where: str):
+        found = linked.get(ref)
+        if found is None:
+            found = session.strings.resolve(ref, kinds, where, session.locale, code)
+            linked[ref] = found
+        elif found.kind not in kinds:
+            raise TryllError(ErrorCode.StorageKindMismatch,
+                             f"{where}: string_storage {ref!r} is a {found.kind.name}")
+        return found
+    return resolve
+
+
 @handles("ChangeAgentParamRequest")
 def change_agent_param(session, req):
     agent = agent_of(session, req.agent_id)
@@ -254,6 +274,8 @@ def change_agent_param(session, req):
                              resolve_model=model_resolver(session.server,
                                                           ErrorCode.InvalidParamValue,
                                                           agent.resolved_models),
+                             resolve_strings=strings_resolver(session, agent.linked_strings,
+                                                              ErrorCode.InvalidParamValue),
                              code=ErrorCode.InvalidParamValue)
         spec = check_change(node, req.params, ctx)
         node.params, node.spec = req.params, spec

@@ -10,8 +10,7 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
 
 FEATURES = {
-    "knowledge (string storages, embedded storages, mutable knowledge bases)": (
-        "CreateStringStorageRequest", "DestroyStringStorageRequest",
+    "knowledge (embedded storages, mutable knowledge bases)": (
         "CreateEmbeddedStringStorageRequest", "DestroyEmbeddedStringStorageRequest",
         "EnsureMutableKbRequest", "EnumerateMutableKbsRequest", "MutableKbWriteRequest",
         "MutableKbDeleteRequest", "MutableKbClearRequest", "MutableKbQueryRequest",

@@ -14,7 +14,7 @@ import math
 
 from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, ModelError, TryllError
-from tryll_fast.server import storage
+from tryll_fast.knowledge import paths as storage
 from tryll_fast.server.dispatch import handles
 from tryll_fast.server.logs import fields
 from tryll_fast.voice_input._audio import MAX_CHANNELS, MAX_RATE, MIN_RATE

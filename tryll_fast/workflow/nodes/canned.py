@@ -1,20 +1,20 @@
 """CannedResponse: a scripted line, no model (docs/workflow.md).
 
 Sends one AnswerText (is_delta = false, is_final = true) with the chosen line and appends
-it as the reply. The line comes from the inline `lines` (v29); `selection_strategy`:
+it as the reply. The line comes from the inline `lines` (v29), or else from
+`string_storage` (a List: a session storage by name or a .txt under the storage root,
+docs/knowledge.md); `selection_strategy`:
 RoundRobin (in order, wrapping; the default), First (always the first line), Random
 (uniform, repeats allowed), ShuffleNoRepeat (a random order without repeats, reshuffled
-once used up). The choice state lives per agent,
-per node. Neither lines nor a storage: one empty final chunk. String storages (session
-storages and storage-root files) arrive with the knowledge feature: `string_storage`
-without inline lines is 2007 until then.
+once used up). The choice state lives per agent, per node. Neither lines nor a storage:
+one empty final chunk.
 """
 from __future__ import annotations
 
 import random
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, TryllError
+from tryll_fast.knowledge import Kind
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 
 Strategy = codec.CannedResponseSelectionStrategy
@@ -31,10 +31,7 @@ class CannedResponseNode(NodeType):
                                              "is not a CannedResponseSelectionStrategy (0..3)")
         lines = tuple(line.text for line in p.lines)
         if not lines and p.string_storage:
-            raise TryllError(ErrorCode.FeatureNotAvailable,
-                             f"node {name!r}: string_storage {p.string_storage!r} needs "
-                             "string storages (the knowledge feature), not in this server "
-                             "build yet; use inline lines")
+            lines = ctx.strings(p.string_storage, (Kind.List,), f"node {name!r}").values
         return lines
 
     async def run(self, turn, node: Node) -> str:

@@ -1,0 +1,33 @@
+"""String storages (docs/knowledge.md): CreateStringStorage pins a named storage into the
+session, DestroyStringStorage unpins it. Both run on the session's lane, in order with the
+CreateAgent requests that link them (a file is read there, never on the reactor).
+"""
+from __future__ import annotations
+
+import logging
+
+from tryll_fast import codec
+from tryll_fast.server.dispatch import handles
+from tryll_fast.server.logs import fields
+
+log = logging.getLogger("tryll_fast.server.storages")
+
+
+@handles("CreateStringStorageRequest")
+def create_string_storage(session, req):
+    def run():
+        made = session.strings.create(req, session.locale)
+        log.info("string storage created", extra=fields(
+            session=session.id, storage=made.name, kind=made.kind.name, entries=len(made),
+            source=made.source or "inline"))
+        return codec.CreateStringStorageResponse(request_id=req.request_id, name=made.name,
+                                                 entry_count=len(made))
+    session.run_blocking(req.request_id, "CreateStringStorageRequest", run)
+
+
+@handles("DestroyStringStorageRequest")
+def destroy_string_storage(session, req):
+    def run():
+        session.strings.destroy(req.name)
+        return codec.Ack(request_id=req.request_id)
+    session.run_blocking(req.request_id, "DestroyStringStorageRequest", run)
