@@ -115,7 +115,7 @@ def test_a_session_holds_a_bounded_number_of_storages(tmp_path):
         storages.create(codec.CreateStringStorageRequest(name=f"s{i}", strings=["x"]), "")
     code, message = code_of(lambda: storages.create(
         codec.CreateStringStorageRequest(name="one more", strings=["x"]), ""))
-    assert code == ErrorCode.InvalidStringStorageData and str(MAX_PER_SESSION) in message
+    assert code == ErrorCode.SessionLimitReached and str(MAX_PER_SESSION) in message
     storages.destroy("s0")
     storages.create(codec.CreateStringStorageRequest(name="one more", strings=["x"]), "")
 

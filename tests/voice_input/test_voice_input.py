@@ -371,3 +371,23 @@ def test_chat_listen_says_a_wav_to_the_npc(server, speaker, model_file, tmp_path
     you = next(line for line in out.splitlines() if line.startswith("you> "))
     assert you[5:] == final[len("[UtteranceFinal] "):]
     assert [line for line in out.splitlines() if "npc> " in line and line.split("npc> ")[1]]
+
+
+def test_voice_inputs_per_session_are_capped(model_file, tmp_path):
+    from wire import MODELS_DIR, start_server
+    model_file(STT)
+    srv = start_server(tmp_path, models_dir=MODELS_DIR,
+                       overrides=["session.max_voice_inputs=2"])
+    try:
+        with Wire(srv.address, timeout=60) as w:
+            w.create_session()
+            first = create(w)
+            create(w)
+            reply = w.expect_error(codec.CreateVoiceInputRequest(
+                request_id=w.rid(), model_name=STT), ErrorCode.SessionLimitReached, 60)
+            assert "session.max_voice_inputs allows (2)" in reply.message
+            assert isinstance(w.request(codec.DestroyVoiceInputRequest(
+                request_id=w.rid(), voice_input_id=first)), codec.Ack)
+            create(w)                                   # room again
+    finally:
+        srv.shutdown(10)

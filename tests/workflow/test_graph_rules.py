@@ -130,8 +130,9 @@ def test_too_many_agents(tmp_path, model_file):
             g = graph(node("c", canned("x")))
             create(w, g)
             create(w, g)
-            err = create_error(w, g, G)
+            err = create_error(w, g, ErrorCode.SessionLimitReached)
             assert "already has 2 agents" in err.message
+            assert "workflow.max_agents_per_session allows (2)" in err.message
     finally:
         srv.shutdown(2)
 

@@ -17,6 +17,7 @@ class ErrorCode(IntEnum):
     InvalidEngineSet = 2005
     InternalError = 2006
     FeatureNotAvailable = 2007
+    SessionLimitReached = 2008
     InvalidAgentId = 3001
     AgentAlreadyDestroyed = 3002
     GraphCompilationFailed = 3003
@@ -150,6 +151,12 @@ class FeatureNotAvailable(SessionError):
     """2007: the message belongs to a feature this server build does not include yet."""
 
     code = ErrorCode.FeatureNotAvailable
+
+
+class SessionLimitReached(SessionError):
+    """2008: a request past one of the session's caps (queued requests, voice inputs, string storages); the message names the cap and its value."""
+
+    code = ErrorCode.SessionLimitReached
 
 
 class AgentError(TryllError):
@@ -595,6 +602,7 @@ _BY_CODE = {
     2005: InvalidEngineSet,
     2006: InternalError,
     2007: FeatureNotAvailable,
+    2008: SessionLimitReached,
     3001: InvalidAgentId,
     3002: AgentAlreadyDestroyed,
     3003: GraphCompilationFailed,
@@ -670,8 +678,8 @@ __all__ = [
     "EmbeddedStorageError", "MutableKbError", "ConnectionFailed", "ConnectionDropped",
     "Timeout", "ServerShuttingDown", "SessionNotReady", "SessionAlreadyExists",
     "InvalidLocale", "InvalidEngineSet", "InternalError", "FeatureNotAvailable",
-    "InvalidAgentId", "AgentAlreadyDestroyed", "GraphCompilationFailed", "AgentBusy",
-    "UnknownNode", "ParamNotMutable", "InvalidParamValue", "InvalidExitTarget",
+    "SessionLimitReached", "InvalidAgentId", "AgentAlreadyDestroyed", "GraphCompilationFailed",
+    "AgentBusy", "UnknownNode", "ParamNotMutable", "InvalidParamValue", "InvalidExitTarget",
     "StorageOutsideRoot", "StorageFileNotFound", "StorageKindMismatch", "AgentNotPaused",
     "UnknownVariable", "VariableTypeMismatch", "InvalidVariableValue", "InvalidToolResults",
     "InvalidSaveId", "DialogFileNotFound", "InvalidDialogSnapshot", "DialogGraphMismatch",

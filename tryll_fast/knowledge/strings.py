@@ -294,8 +294,9 @@ class SessionStorages:
             raise TryllError(ErrorCode.StorageNameInUse,
                              f"{name!r} names an embedded string storage of this session")
         if len(self.by_name) >= MAX_PER_SESSION:
-            raise _bad("name", f"the session holds {len(self.by_name)} string storages, the "
-                               f"most one session may ({MAX_PER_SESSION}); destroy one first")
+            raise TryllError(ErrorCode.SessionLimitReached,
+                             f"the session holds {len(self.by_name)} string storages, the "
+                             f"most one session may ({MAX_PER_SESSION}); destroy one first")
         if req.file_path and (req.strings or req.keys):
             raise _bad("file_path", "give strings (and keys) or file_path, not both")
         if req.file_path:
@@ -306,8 +307,9 @@ class SessionStorages:
             made = from_inline(name, req.kind, req.strings, req.keys)
         held = sum(st.chars for st in self.by_name.values())
         if held + made.chars > MAX_SESSION_CHARS:
-            raise _bad("strings", f"{made.chars} characters; the session's string storages "
-                                  f"hold {held} and may hold {MAX_SESSION_CHARS} in all")
+            raise TryllError(ErrorCode.SessionLimitReached,
+                             f"{made.chars} characters; the session's string storages hold "
+                             f"{held} and may hold {MAX_SESSION_CHARS} in all")
         self.by_name[name] = made
         return made
 

@@ -162,8 +162,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("workflow.max_steps_per_turn", "int", 64,
             "node runs per turn before it fails with 4001 \"Max steps per turn (N) exceeded\"",
             minimum=1, maximum=100_000),
+    Setting("session.max_queued_requests", "int", 1024,
+            "requests one session may have waiting behind its lane (CreateAgent, LoadModel, "
+            "CreateVoiceInput...); one more: 2008, the connection stays", minimum=1),
+    Setting("session.max_voice_inputs", "int", 64,
+            "voice inputs one session may hold at once (CreateVoiceInput beyond it: 2008)",
+            minimum=1),
     Setting("workflow.max_agents_per_session", "int", 256,
-            "agents one session may hold at once (CreateAgent beyond it: 3003)", minimum=1),
+            "agents one session may hold at once (CreateAgent beyond it: 2008)", minimum=1),
     Setting("workflow.tool_call_pause_timeout_ms", "int", 0,
             "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
             "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
@@ -239,6 +245,8 @@ class ServerConfig:
     workers_max_downloads: int
     models_preload: tuple[str, ...]
     workflow_max_steps_per_turn: int
+    session_max_queued_requests: int
+    session_max_voice_inputs: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
     workflow_kv_evict_tier: str

@@ -80,6 +80,10 @@ class SerialLane:
         self._lock = threading.Lock()
         self._running = False
 
+    def __len__(self) -> int:
+        """Jobs waiting (not the one running)."""
+        return len(self._queue)
+
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
             self._queue.append(job)
@@ -226,7 +230,14 @@ class Session:
     def run_blocking(self, request_id: int, what: str, fn: Callable[[], Any],
                      agent_id: int = 0) -> None:
         """Run fn() on this session's lane; what it returns is the reply (None = no reply).
-        What it raises becomes ErrorResponse for request_id (and agent_id), by fail()."""
+        What it raises becomes ErrorResponse for request_id (and agent_id), by fail().
+        Past `session.max_queued_requests` waiting: 2008, nothing queued (a client that
+        loops on a request cannot claim unbounded work)."""
+        cap = self.server.config.session_max_queued_requests
+        if len(self.lane) >= cap:
+            raise TryllError(ErrorCode.SessionLimitReached,
+                             f"{what} refused: {len(self.lane)} requests of this session are "
+                             f"waiting, the most session.max_queued_requests allows ({cap})")
         op = self.begin_operation("request", what)
 
         def job() -> None:

@@ -94,9 +94,9 @@ def create_agent(session, req):
     rid = req.request_id
     limit = server.config.workflow_max_agents_per_session
     if len(session.agents) >= limit:
-        raise TryllError(ErrorCode.GraphCompilationFailed,
+        raise TryllError(ErrorCode.SessionLimitReached,
                          f"the session already has {len(session.agents)} agents, the most "
-                         "workflow.max_agents_per_session allows")
+                         f"workflow.max_agents_per_session allows ({limit})")
     if req.kv_cache_initialization not in _KV_INIT:
         raise TryllError(ErrorCode.GraphCompilationFailed,
                          f"kv_cache_initialization {int(req.kv_cache_initialization)} is not "

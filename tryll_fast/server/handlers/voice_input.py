@@ -112,6 +112,11 @@ def create_voice_input(session, req):
 
 def _create(session, req, rate: int, channels: int, vad: VadSettings):
     server = session.server
+    cap = server.config.session_max_voice_inputs
+    if len(session.voice_inputs) >= cap:
+        raise TryllError(ErrorCode.SessionLimitReached,
+                         f"the session holds {len(session.voice_inputs)} voice inputs, the "
+                         f"most session.max_voice_inputs allows ({cap}); destroy one first")
     hotwords = None
     if req.hotwords_storage_path:
         hotwords = hotword_prompt(load_hotwords(server.config.storage_root,
