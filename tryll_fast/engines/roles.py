@@ -49,6 +49,10 @@ class SamplingParams:
     # text so far) matches; the grammar then applies from the pattern's first capture group.
     grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False    # ban end-of-generation tokens: exactly max_tokens
+    # Scoring instead of generating: the request ends at its first sampling point, and
+    # its handle's `scores` are the softmax of the next-token logits over these token ids
+    # (in this order); nothing is sampled or emitted (the letter-choice classifiers).
+    score_tokens: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -56,6 +60,7 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
+        object.__setattr__(self, "score_tokens", tuple(self.score_tokens))
 
     def validate(self) -> None:
         def bad(name, value, rule):
@@ -84,6 +89,11 @@ class SamplingParams:
                 bad("stop", s, "stop strings must be non-empty str")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", self.ignore_eos, "must be a bool")
+        for t in self.score_tokens:
+            if not isinstance(t, int) or t < 0:
+                bad("score_tokens", t, "must be token ids (ints >= 0)")
+        if self.score_tokens and len(set(self.score_tokens)) != len(self.score_tokens):
+            bad("score_tokens", self.score_tokens, "must not repeat a token")
         g = self.grammar
         if g is not None and (not isinstance(g, str) or not g.strip()):
             bad("grammar", self.grammar, "must be non-empty GBNF text")

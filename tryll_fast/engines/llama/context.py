@@ -210,6 +210,23 @@ class LlamaContext:
                 f"batch index {batch_index} produced no logits in the last decode")
         return C.llama_sampler_sample(chain, ctx, batch_index)
 
+    def softmax_over(self, batch_index: int, tokens) -> tuple[float, ...]:
+        """The softmax of one output's logits restricted to `tokens` (read in place, only
+        those entries), in their order."""
+        ctx = self._live()
+        if batch_index not in self._outputs:
+            raise InvalidRequest(
+                f"batch index {batch_index} produced no logits in the last decode")
+        n_vocab = self.model.n_vocab
+        for t in tokens:
+            if not 0 <= t < n_vocab:
+                raise InvalidRequest(f"score token {t} is outside the vocabulary "
+                                     f"(0..{n_vocab - 1})")
+        ptr = C.llama_get_logits_ith(ctx, batch_index)
+        z = np.fromiter((ptr[t] for t in tokens), np.float64, len(tokens))
+        z = np.exp(z - z.max())
+        return tuple(float(v) for v in z / z.sum())
+
     def logits(self, batch_index: int) -> np.ndarray:
         """A copy of one output's logits (valid only until the next decode)."""
         ctx = self._live()

@@ -143,6 +143,11 @@ class LlamaEngine:
         elif sampling_fields:
             raise InvalidRequest("pass either sampling= or sampling fields, not both")
         sampling.validate()
+        if sampling.score_tokens:
+            if sampling.max_tokens < 1:
+                raise InvalidRequest("score_tokens needs max_tokens >= 1 (the prompt's last "
+                                     "token must be decoded for its logits)")
+            self.model.check_tokens(list(sampling.score_tokens))
         tokens = self._prompt_tokens(prompt)
         if not isinstance(priority, Priority):
             try:

@@ -56,6 +56,8 @@ class RequestHandle:
         self._wake = None  # set by the engine: nudges the scheduler on cancel()
         self.t_submit = time.perf_counter()
         self.t_sample_ns = 0     # perf_counter_ns() when the latest token was sampled
+        # SamplingParams.score_tokens: their probabilities at the first sampling point
+        self.scores: tuple[float, ...] | None = None
 
     # -- consumer side --------------------------------------------------------------------
 

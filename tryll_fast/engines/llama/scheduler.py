@@ -256,6 +256,11 @@ class Scheduler:
         return True
 
     def _sample(self, r: Request, batch_index: int) -> None:
+        if r.params.score_tokens:
+            r.handle.scores = self.ctx.softmax_over(batch_index, r.params.score_tokens)
+            r.handle.stats.first_token_s = time.perf_counter() - r.handle.t_submit
+            self._finish(r, FinishReason.STOP)
+            return
         tok = self.ctx.sample(r.chain.handle, batch_index)
         h = r.handle
         h.t_sample_ns = time.perf_counter_ns()   # consumers measure their delivery from here
