@@ -16,8 +16,17 @@
 
 #include <string.h>
 
-/* n little-endian int16 samples -> float, times scale. */
-static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, float *out);
+/* Samples [i, n) of little-endian int16 -> float, times scale, one at a time (the tail
+ * the vector loops leave, and the whole conversion where there is no vector unit). */
+static inline void tf_s16le_to_f32_from(const uint8_t *pcm, int64_t i, int64_t n,
+                                        float scale, float *out)
+{
+    for (; i < n; i++) {
+        int16_t s;
+        memcpy(&s, pcm + 2 * i, 2);
+        out[i] = (float)s * scale;
+    }
+}
 
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
@@ -33,11 +42,7 @@ static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, f
         _mm_storeu_ps(out + i, _mm_mul_ps(_mm_cvtepi32_ps(lo), k));
         _mm_storeu_ps(out + i + 4, _mm_mul_ps(_mm_cvtepi32_ps(hi), k));
     }
-    for (; i < n; i++) {
-        int16_t s;
-        memcpy(&s, pcm + 2 * i, 2);
-        out[i] = (float)s * scale;
-    }
+    tf_s16le_to_f32_from(pcm, i, n, scale, out);
 }
 
 static inline void tf_dot4(const float *const h[4], const float *const x[4], int taps,
@@ -89,11 +94,7 @@ static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, f
         vst1q_f32(out + i, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), scale));
         vst1q_f32(out + i + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(v))), scale));
     }
-    for (; i < n; i++) {
-        int16_t s;
-        memcpy(&s, pcm + 2 * i, 2);
-        out[i] = (float)s * scale;
-    }
+    tf_s16le_to_f32_from(pcm, i, n, scale, out);
 }
 
 static inline float tf_dot(const float *h, const float *x, int taps);
@@ -125,11 +126,7 @@ static inline float tf_dot(const float *h, const float *x, int taps)
 #else
 static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, float *out)
 {
-    for (int64_t i = 0; i < n; i++) {
-        int16_t s;
-        memcpy(&s, pcm + 2 * i, 2);
-        out[i] = (float)s * scale;
-    }
+    tf_s16le_to_f32_from(pcm, 0, n, scale, out);
 }
 
 static inline float tf_dot(const float *h, const float *x, int taps);

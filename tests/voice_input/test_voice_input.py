@@ -4,11 +4,11 @@ push-to-talk, cancel, max_utterance_ms, other rates and channels, silence, hotwo
 error code, and bad input that must disturb nothing."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 from mic import STT, VOICE, begin, create, silence, speech, stream, updates_until_final
+from wer import edit_distance, words
 from wire import Wire
 
 from tryll_fast import codec
@@ -16,20 +16,6 @@ from tryll_fast.errors import ErrorCode
 
 pytestmark = pytest.mark.model
 Kind = codec.TranscriptUpdateKind
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]+", " ", text.lower().replace("-", " ")).split()
-
-
-def edit_distance(ref: list[str], hyp: list[str]) -> int:
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
 
 
 def transcripts(frames, vid: int) -> list:

@@ -3,12 +3,12 @@ Python client, written as .wav files and transcribed back with faster-whisper (W
 tiny.en, int8 on the CPU). The word error rate over all of them must stay at or under 15 %."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from tryll_fast import codec
 from tryll_fast.client import GraphDescription, TryllClient
+
+from wer import edit_distance, words
 
 pytestmark = pytest.mark.model
 
@@ -27,20 +27,6 @@ LINES = [
     "Thank you for your help, you are always welcome here.",
 ]
 MAX_WER = 0.15
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]+", " ", text.lower().replace("-", " ")).split()
-
-
-def edit_distance(ref: list[str], hyp: list[str]) -> int:
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
 
 
 def test_edit_distance_counts_words():
