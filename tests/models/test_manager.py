@@ -36,6 +36,15 @@ def counting_loaders(counter: list):
     return {"llama-cpp": load}
 
 
+def wait_until(cond, tries=1000):
+    """Poll cond every 10 ms, a bounded number of times; its last value."""
+    for _ in range(tries):
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
 # ----- lifecycle -----
 
 @pytest.mark.model
@@ -177,6 +186,7 @@ def test_concurrent_load_and_lease_with_unload_race(models_dir):
 # ----- memory -----
 
 @pytest.mark.model
+@pytest.mark.model
 def test_memory_reports_per_model(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options={"llama-cpp": {"max_n_ctx": 1024,
                                                                             "n_slots": 2, **LLAMA}})
@@ -201,9 +211,11 @@ def test_default_context_cap(manager):
 
 
 # ----- errors -----
+# Refusals that come before anything is read from disk run on an empty models directory:
+# they need no model.
 
-def test_unknown_model_is_6002(models_dir):
-    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
+def test_unknown_model_is_6002(tmp_path):
+    mgr = ModelManager(models_dir=tmp_path, engine_options=OPTS)
     for call in (mgr.load, mgr.lease, mgr.unload):
         with pytest.raises(ModelError) as ei:
             call("no-such-model")
@@ -211,10 +223,9 @@ def test_unknown_model_is_6002(models_dir):
         assert "not in the catalog" in str(ei.value) and ei.value.model == "no-such-model"
 
 
-def test_engine_not_in_build_is_6008(models_dir):
-    from tryll_fast.models.manager import DEFAULT_LOADERS
+def test_engine_not_in_build_is_6008(tmp_path):
     # a build without faster-whisper
-    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS,
+    mgr = ModelManager(models_dir=tmp_path, engine_options=OPTS,
                        loaders={k: v for k, v in DEFAULT_LOADERS.items()
                                 if k != "faster-whisper"})
     with pytest.raises(ModelError) as ei:
@@ -230,8 +241,8 @@ def test_engine_not_in_build_is_6008(models_dir):
     assert mgr.loaded() == []
 
 
-def test_vad_on_its_own_is_6007(models_dir):
-    mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
+def test_vad_on_its_own_is_6007(tmp_path):
+    mgr = ModelManager(models_dir=tmp_path, engine_options=OPTS)
     with pytest.raises(ModelError) as ei:
         mgr.load("silero-vad")
     assert ei.value.code == ErrorCode.ModelResolutionFailed == 6007
@@ -247,7 +258,8 @@ def test_model_not_on_disk_is_6007_and_never_downloads(tmp_path):
     assert list(tmp_path.iterdir()) == []         # nothing fetched or created
 
 
-def test_loader_failure_is_6007_and_retried(tmp_path, models_dir):
+@pytest.mark.model
+def test_loader_failure_is_6007_and_retried(models_dir):
     calls = []
 
     def broken(entry, path, options):
@@ -263,34 +275,44 @@ def test_loader_failure_is_6007_and_retried(tmp_path, models_dir):
     assert len(calls) == 2
 
 
-# ----- dependencies (fake engines: no model files needed) -----
+# ----- dependencies: the real Whisper tiny.en and the Silero VAD it depends on -----
 
-class FakeModel:
-    def __init__(self, name):
-        self.name, self.closed = name, False
+@pytest.fixture(scope="module")
+def speech_models_dir(model_file):
+    """build/models with whisper-tiny.en and its dependency silero-vad on disk."""
+    model_file("silero-vad")
+    return model_file("whisper-tiny.en").parent
 
-    def close(self):
-        self.closed = True
 
-
-def test_vad_loads_and_frees_with_its_stt_model(models_dir):
-    made = {}
-
-    def fake(entry, path, options):
-        made[entry.name] = FakeModel(entry.name)
-        return made[entry.name]
-
-    mgr = ModelManager(models_dir=models_dir,
-                       loaders={"sherpa-onnx": fake, "faster-whisper": fake})
-    mgr.store.is_downloaded = lambda name: True    # not on this machine; pretend
+@pytest.mark.model
+def test_vad_loads_and_frees_with_its_stt_model(speech_models_dir):
+    mgr = ModelManager(models_dir=speech_models_dir, engine_options={"faster-whisper": {
+        "n_threads": 1}})
     r = mgr.load("whisper-tiny.en")
     assert r.loaded_dependencies == ("silero-vad",) and r.engine == "faster-whisper"
+    assert r.role == "stt" and r.pinned and not r.already_loaded
     by_name = {m.name: m for m in mgr.loaded()}
+    assert set(by_name) == {"whisper-tiny.en", "silero-vad"}
     assert by_name["silero-vad"].dependents == 1 and not by_name["silero-vad"].pinned
-    with pytest.raises(ModelError):
+    assert by_name["silero-vad"].leases == 0
+    with mgr.lease("whisper-tiny.en") as stt:
+        # the STT engine got the very VAD the manager loaded as its dependency
+        vad = stt.vad
+        assert type(vad).__name__ == "SileroVad" and vad.model_path.endswith("silero_vad.onnx")
+        assert not stt.closed
+    with pytest.raises(ModelError) as ei:
         mgr.load("silero-vad")                      # still refused on its own
-    mgr.unload("whisper-tiny.en")
-    assert mgr.loaded() == [] and made["silero-vad"].closed and made["whisper-tiny.en"].closed
+    assert ei.value.code == ErrorCode.ModelResolutionFailed
+    # a second load of the STT model shares the loaded VAD: no second dependent
+    again = mgr.load("whisper-tiny.en")
+    assert again.already_loaded and again.loaded_dependencies == ()
+    assert {m.name: m for m in mgr.loaded()}["silero-vad"].dependents == 1
+    u = mgr.unload("whisper-tiny.en")
+    assert u.was_loaded and u.freed
+    # the VAD went with the last model that depended on it
+    assert mgr.loaded() == [] and stt.closed
+    assert not mgr.is_loaded("silero-vad")
+    mgr.close()
 
 
 # ----- close -----
@@ -314,10 +336,9 @@ def test_close_never_frees_under_a_lease(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     mgr.load(SMOL)
     lease = mgr.lease(SMOL)
-    t0 = time.monotonic()
+    # the deadline fires (the error names the lease) and the model stays loaded
     with pytest.raises(TimeoutError, match="1 lease"):
         mgr.close(timeout=0.2)
-    assert time.monotonic() - t0 < 2
     engine = lease.obj
     assert not engine.closed and engine.generate("Hi", max_tokens=4, temperature=0)
     info = mgr.loaded()[0]
@@ -332,10 +353,20 @@ def test_close_waits_for_leases_to_end(models_dir):
     mgr = ModelManager(models_dir=models_dir, engine_options=OPTS)
     lease = mgr.lease(SMOL)
     engine = lease.obj
-    timer = threading.Timer(0.3, lease.release)
-    timer.start()
-    t0 = time.monotonic()
-    mgr.close(timeout=10)
-    assert 0.2 < time.monotonic() - t0 < 5
-    assert engine.closed and mgr.loaded() == []
-    timer.join()
+    events = []
+
+    def release():
+        # once close() has begun, a while later: it must still be waiting, engine open
+        started = wait_until(lambda: mgr.closed)
+        time.sleep(0.3)
+        events.append(("release", started, engine.closed))
+        lease.release()
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    mgr.close(timeout=60)
+    events.append(("close returned", engine.closed))
+    # close() returned only after the lease ended, and freed the engine then
+    assert events == [("release", True, False), ("close returned", True)]
+    assert mgr.loaded() == []
+    releaser.join()

@@ -172,10 +172,9 @@ def test_shutdown_cancels_work_that_outlives_the_deadline(tmp_path):
     slow.create_session()
     slow.send(stream_request(5, 1_000_000, "v" * 100))   # never read: cannot finish
     assert wait_for(lambda: srv.operation_count == 1)
-    t0 = time.monotonic()
+    # the stream can never finish: shutdown() returns only because its deadline fired
     result = srv.shutdown()
     assert result["cancelled"] == 1 and result["finished_in_time"] == 0
-    assert time.monotonic() - t0 < 10
     assert srv.operation_count == 0
 
 
@@ -198,6 +197,10 @@ def _mutations(rng, seeds):
         else:
             base += rng.randbytes(rng.randint(1, 64))
         yield bytes(base)
+
+
+# a fixed count, not "as many as fit in N seconds": the run is the same on any machine
+FUZZ_FRAMES = 2000
 
 
 @pytest.mark.fuzz
@@ -232,10 +235,9 @@ def test_fuzzed_frames_do_not_disturb_another_session(server):
     worker.start()
     gen = _mutations(rng, seeds)
     sent = reconnects = 0
-    deadline = time.monotonic() + 20
     fuzzer = Wire(server.address)
     try:
-        while sent < 4000 and time.monotonic() < deadline:
+        while sent < FUZZ_FRAMES:
             payload = next(gen)
             fatal = rng.random() < 0.03
             if fatal:   # a length of 0 or over the cap: the server must hang up
@@ -259,7 +261,7 @@ def test_fuzzed_frames_do_not_disturb_another_session(server):
         worker.join(30)
         fuzzer.close()
     assert not failures, failures
-    assert sent >= 1000
+    assert sent == FUZZ_FRAMES and reconnects > 0     # the fatal framings were sent too
     round_trip(steady, 10**6)
     steady.close()
     assert wait_for(lambda: len(server.connections) == 0, timeout=10)

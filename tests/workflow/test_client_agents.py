@@ -17,8 +17,6 @@ from tryll_fast.errors import ErrorCode
 
 from flows import SMOL, SYSTEM, canned
 
-pytestmark = pytest.mark.model
-
 
 def baker(max_tokens=16, **kw):
     return (GraphDescription()
@@ -45,6 +43,7 @@ def test_graph_builder():
         GraphDescription().add_node("x", codec.AnswerText())
 
 
+@pytest.mark.model
 def test_the_tool_call_reference_example_runs_as_written(client):
     """The ToolCall reference's Python example, as written, with our module names and the
     model swapped for the one this machine has."""
@@ -92,6 +91,7 @@ def test_the_tool_call_reference_example_runs_as_written(client):
     assert bool(calls) != bool(result.texts.get("answer"))
 
 
+@pytest.mark.model
 def test_send_streams_then_results(client):
     agent = client.create_agent(baker(), variables={"mood": "calm", "gold": 3, "open": True,
                                                     "tags": {"a"}, "trust": 0.5})
@@ -115,6 +115,7 @@ def test_send_streams_then_results(client):
     assert info.value.code == ErrorCode.AgentAlreadyDestroyed
 
 
+@pytest.mark.model
 def test_turns_of_one_agent_are_serialised_client_side(client):
     agent = client.create_agent(baker(max_tokens=12))
     first = agent.send("One")
@@ -122,6 +123,7 @@ def test_turns_of_one_agent_are_serialised_client_side(client):
     assert first.result().ok and second.result().ok
 
 
+@pytest.mark.model
 def test_cancel_from_another_thread_and_failed_turns(client):
     agent = client.create_agent(baker(max_tokens=200))
     turn = agent.send("Tell me a long story about bread and butter.")
@@ -136,6 +138,7 @@ def test_cancel_from_another_thread_and_failed_turns(client):
     assert result.errors and result.errors[0].code == ErrorCode.InferenceFailed
 
 
+@pytest.mark.model
 def test_blocking_calls_inside_callbacks(client):
     agent = client.create_agent(baker(max_tokens=8))
     seen = {}
@@ -155,6 +158,7 @@ def test_blocking_calls_inside_callbacks(client):
     assert seen["fut"].result(10) is None
 
 
+@pytest.mark.model
 def test_refused_turn_raises(client):
     agent = client.create_agent(baker())
     agent.destroy()
@@ -164,6 +168,7 @@ def test_refused_turn_raises(client):
     assert info.value.code == ErrorCode.AgentAlreadyDestroyed
 
 
+@pytest.mark.model
 def test_async_agents(server):
     async def main():
         async with AsyncTryllClient(*server.address, timeout=120) as c:
@@ -200,6 +205,7 @@ def door_keeper(disposition):
             .set_default_model_name(SMOL))
 
 
+@pytest.mark.model
 def test_tool_call_callbacks_resume_from_the_reader_thread(client):
     agent = client.create_agent(door_keeper(codec.ToolCallDisposition.AwaitResult))
     seen = {"calls": [], "plain": [], "paused": []}
@@ -229,6 +235,7 @@ def test_tool_call_callbacks_resume_from_the_reader_thread(client):
     assert [e.event_type for e in result.events] == ["tool_call", "paused"]
 
 
+@pytest.mark.model
 def test_resume_errors_and_pause_from_outside(client):
     agent = client.create_agent(door_keeper(codec.ToolCallDisposition.Pause))
     with pytest.raises(TryllError) as info:
@@ -248,6 +255,7 @@ def test_resume_errors_and_pause_from_outside(client):
     assert turn.result().texts["after"] == "There you go."
 
 
+@pytest.mark.model
 def test_async_resume(server):
     async def main():
         async with AsyncTryllClient(*server.address, timeout=120) as c:
@@ -263,6 +271,7 @@ def test_async_resume(server):
     asyncio.run(main())
 
 
+@pytest.mark.model
 def test_dialog_lifecycle_from_the_client(client):
     agent = client.create_agent(baker(max_tokens=8))
     assert agent.append_interactions([("Hi", "Hello!"), ("", ""),
@@ -296,6 +305,7 @@ def test_dialog_lifecycle_from_the_client(client):
     assert agent.export_dialog_async().result(30)[4:8] == b"TDLG"
 
 
+@pytest.mark.model
 def test_async_dialog_lifecycle(server):
     async def main():
         async with AsyncTryllClient(*server.address, timeout=120) as c:
@@ -310,6 +320,7 @@ def test_async_dialog_lifecycle(server):
     asyncio.run(main())
 
 
+@pytest.mark.model
 def test_chat_command(server):
     host, port = server.address
     proc = subprocess.run(

@@ -2,6 +2,7 @@
 import, save and load (across a restart, and under kill -9), and the KV-cache requests."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,6 @@ from tryll_fast.errors import ErrorCode
 from flows import SMOL, canned, create, gen, graph, node, texts, turn
 from wire import MODELS_DIR, Wire, start_server
 
-pytestmark = pytest.mark.model
 Status = codec.TurnStatus
 Pair = codec.DialogInteraction
 Residency = codec.KvResidency
@@ -90,6 +90,7 @@ def kv(w, cls, aid):
 
 # ---- edits ----
 
+@pytest.mark.model
 def test_append_and_remove_count_like_the_seed(w):
     aid = create(w, baker())
     assert append(w, aid) == 0
@@ -109,6 +110,7 @@ def test_append_and_remove_count_like_the_seed(w):
     assert snap(export(w, aid))["interactions"] == []
 
 
+@pytest.mark.model
 def test_scripted_history_is_projected_and_edits_resync(w):
     aid = create(w, baker(), enable_diagnostics=True)
     append(w, aid, ("My name is Kaelen.", "Nice to meet you, Kaelen."))
@@ -121,6 +123,7 @@ def test_scripted_history_is_projected_and_edits_resync(w):
     assert "Kaelen" not in p["prompt"] and p["history_interactions"] == 0
 
 
+@pytest.mark.model
 def test_stateless_agent_takes_a_scripted_seed_for_one_turn(w):
     aid = create(w, baker(), enable_diagnostics=True, maintain_dialogue_history=False)
     append(w, aid, ("My name is Kaelen.", "Welcome, Kaelen."))
@@ -131,6 +134,7 @@ def test_stateless_agent_takes_a_scripted_seed_for_one_turn(w):
     assert "Kaelen" not in second["prompt"] and second["history_interactions"] == 0
 
 
+@pytest.mark.model
 def test_idle_only_requests_are_3004_while_running_and_paused(w):
     aid = create(w, graph(node("wait", codec.PauseParams(default_exit="a")),
                           node("a", gen(max_tokens=200))))
@@ -168,6 +172,7 @@ def test_idle_only_requests_are_3004_while_running_and_paused(w):
 
 # ---- export / import ----
 
+@pytest.mark.model
 def test_export_import_continues_the_conversation_identically(w):
     a = create(w, baker(), enable_diagnostics=True)
     turn(w, a, "Hello! I am Kaelen.")
@@ -189,6 +194,7 @@ def test_export_import_continues_the_conversation_identically(w):
     assert texts(fa) and texts(fb)
 
 
+@pytest.mark.model
 def test_tool_calls_survive_export_and_import(w):
     tools = [codec.ToolDefinition(name="open_door", description="Open a door.",
                                   parameters=[codec.ToolParamDefinition(
@@ -228,6 +234,7 @@ def test_tool_calls_survive_export_and_import(w):
     assert dialog_of(export(w, b)) == dialog_of(data)
 
 
+@pytest.mark.model
 def test_import_checks_the_graph(w):
     a = create(w, baker())
     append(w, a, ("Hi", "Hello."))
@@ -276,6 +283,7 @@ def _bad_snapshots(good: bytes):
         "no earlier tool call"
 
 
+@pytest.mark.model
 def test_invalid_snapshots_are_3019_and_change_nothing(w):
     a = create(w, baker())
     append(w, a, ("Hi", "Hello."), ("How are you?", "Busy baking."))
@@ -301,6 +309,7 @@ def test_invalid_snapshots_are_3019_and_change_nothing(w):
     assert dialog_of(export(w, b)) == before
 
 
+@pytest.mark.model
 def test_broken_files_are_3019(server, w):
     aid = create(w, baker())
     append(w, aid, ("Hi", "Hello."))
@@ -317,6 +326,7 @@ def test_broken_files_are_3019(server, w):
         assert "not a valid TDLG buffer" in err.message, err.message
 
 
+@pytest.mark.model
 def test_a_snapshot_over_one_mib_is_3021(w):
     aid = create(w, baker())
     big = "bread " * 100_000                               # 600 KB per side
@@ -344,12 +354,15 @@ def load(w, aid, save_id, **kw):
                                              save_id=save_id, **kw))
 
 
+@pytest.mark.model
 def test_save_and_load(server, w):
     a = create(w, baker())
     append(w, a, ("Hi", "Hello."), ("Bread?", "Rye today."))
+    before_ms = int(time.time() * 1000)
     r = save(w, a, "brenna-slot_1.v2")
+    after_ms = int(time.time() * 1000) + 1
     assert r.save_id == "brenna-slot_1.v2" and r.interaction_count == 2
-    assert abs(r.written_at_ms - time.time() * 1000) < 60_000
+    assert before_ms <= r.written_at_ms <= after_ms          # stamped while saving
     path = server.config.storage_root / "dialogs" / "brenna-slot_1.v2.tdlg"
     assert dialog_of(path.read_bytes()) == dialog_of(export(w, a))
     b = create(w, baker())
@@ -363,6 +376,49 @@ def test_save_and_load(server, w):
     assert not [p.name for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp
 
 
+@pytest.mark.model
+def test_a_save_that_cannot_be_written_is_3022_and_leaves_no_file(server, w):
+    """Unwritable places made from what the OS refuses even to root (chmod would not stop
+    a root test run): the dialogs folder is a regular file, or the target is a directory.
+    Writes are atomic (tryll_fast/server/saves.py): nothing partial may remain."""
+    aid = create(w, baker())
+    append(w, aid, ("Hi", "Hello."))
+    folder = server.config.storage_root / "dialogs"
+    folder.mkdir(parents=True, exist_ok=True)
+    # the target's name is taken by a non-empty directory: the temporary file is written
+    # in full, then the rename onto the directory fails
+    (folder / "taken.tdlg").mkdir()
+    (folder / "taken.tdlg" / "keep").write_bytes(b"mine")
+    listing = sorted(p.name for p in folder.iterdir())
+    err = w.expect_error(codec.SaveDialogRequest(request_id=w.rid(), agent_id=aid,
+                                                 save_id="taken"), ErrorCode.DialogWriteFailed)
+    assert err.code == 3022 and "cannot write" in err.message and "taken.tdlg" in err.message
+    assert sorted(p.name for p in folder.iterdir()) == listing       # no temporary file
+    assert [p.name for p in (folder / "taken.tdlg").iterdir()] == ["keep"]
+    assert (folder / "taken.tdlg" / "keep").read_bytes() == b"mine"
+    # the dialogs folder itself is a regular file: nothing can be created under it
+    aside = folder.with_name("dialogs-aside")
+    folder.rename(aside)
+    try:
+        folder.write_bytes(b"not a folder")
+        err = w.expect_error(codec.SaveDialogRequest(request_id=w.rid(), agent_id=aid,
+                                                     save_id="slot"),
+                             ErrorCode.DialogWriteFailed)
+        assert err.code == 3022 and "cannot write" in err.message, err.message
+        assert folder.read_bytes() == b"not a folder"
+        assert sorted(p.name for p in folder.parent.iterdir()
+                      if p.name.startswith("dialogs")) == ["dialogs", "dialogs-aside"]
+    finally:
+        folder.unlink()
+        aside.rename(folder)
+    # nothing of the failures stuck: the same agent saves and loads again
+    assert save(w, aid, "slot").interaction_count == 1
+    assert load(w, aid, "slot").interaction_count == 1
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    shutil.rmtree(folder / "taken.tdlg")
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("save_id,words", [
     ("", "empty"), ("../escape", "contains '/'"), ("a/b", "contains '/'"),
     ("..", "starts with '.'"), (".hidden", "starts with '.'"), ("x" * 129, "129 characters"),
@@ -376,6 +432,7 @@ def test_bad_save_ids_are_3017(w, save_id, words):
         assert words in err.message, err.message
 
 
+@pytest.mark.model
 def test_load_failures(server, w):
     aid = create(w, baker())
     err = w.expect_error(codec.LoadDialogRequest(request_id=w.rid(), agent_id=aid,
@@ -391,6 +448,7 @@ def test_load_failures(server, w):
                    ErrorCode.DialogSnapshotTooLarge)
 
 
+@pytest.mark.model
 def test_save_and_load_survive_a_restart(model_file, tmp_path):
     model_file(SMOL)
     kw = dict(models_dir=MODELS_DIR, overrides=["llama.max_n_ctx=2048"])
@@ -496,6 +554,7 @@ def test_kill_9_during_save_dialog_leaves_a_whole_file(tmp_path):
 
 # ---- KV cache ----
 
+@pytest.mark.model
 def test_kv_prefill_status_evict_restore(server, w):
     aid = create(w, baker(), enable_diagnostics=True)
     s = kv(w, codec.GetAgentKvCacheStatusRequest, aid)
@@ -554,6 +613,7 @@ def test_kv_prefill_status_evict_restore(server, w):
     assert prompt_of(turn(w, twin, "What is my name?"))["prompt"] == prompt_of(restored)["prompt"]
 
 
+@pytest.mark.model
 def test_kv_requests_for_other_agents(w):
     plain = create(w, graph(node("c", canned("hi"))))
     for cls in (codec.PrefillAgentKvCacheRequest, codec.EvictAgentKvCacheRequest,
@@ -572,6 +632,7 @@ def test_kv_requests_for_other_agents(w):
                    ErrorCode.InvalidAgentId)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("setting,tier", [
     ("workflow.kv_evict_tier=file", "file"),
     ("workflow.kv_evict_tier=host", "host"),

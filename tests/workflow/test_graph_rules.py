@@ -9,7 +9,6 @@ from tryll_fast.workflow.nodes import TYPES
 from flows import SMOL, canned, create, create_error, gen, graph, node
 from wire import Wire, start_server
 
-pytestmark = pytest.mark.model
 G = ErrorCode.GraphCompilationFailed
 
 
@@ -18,6 +17,7 @@ def test_every_node_params_member_has_a_node_type():
     assert set(TYPES) == members
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("g,words", [
     (codec.GraphDescription(nodes=[], start_node="a"), "no nodes"),
     (graph(node("", canned("x"))), "graph.nodes[0].name: empty"),
@@ -38,11 +38,13 @@ def test_structure(w, g, words):
     assert words in err.message, err.message
 
 
+@pytest.mark.model
 def test_missing_graph(w):
     err = w.expect_error(codec.CreateAgentRequest(request_id=3, default_model_name=SMOL), G)
     assert "graph" in err.message and err.request_id == 3
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("params,default_model,words", [
     (gen(), "", "model_name is empty and the agent has no default_model_name"),
     (gen(), "no-such-model", "model 'no-such-model' is not in the model catalog"),
@@ -67,6 +69,7 @@ def test_generate_params(w, params, default_model, words):
     assert "node 'answer'" in err.message and words in err.message, err.message
 
 
+@pytest.mark.model
 def test_other_node_params(w):
     bad_regex = codec.HumanMessageGuardrailParams(inline_strings=["ok", "(unclosed"])
     err = create_error(w, graph(node("g", bad_regex)), G)
@@ -78,6 +81,7 @@ def test_other_node_params(w):
     assert "selection_strategy 5" in err.message
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("params,words", [
     (codec.RetrieveParams(), "Retrieve nodes need knowledge"),
     (codec.SummarizeParams(), "Summarize nodes need dialog summarization"),
@@ -91,6 +95,7 @@ def test_what_this_build_lacks_is_2007(w, params, words):
     assert "node 'n'" in err.message and words in err.message, err.message
 
 
+@pytest.mark.model
 def test_enums_of_the_request(w):
     g = graph(node("c", canned("x")))
     err = create_error(w, g, G, kv_cache_initialization=7)
@@ -99,6 +104,7 @@ def test_enums_of_the_request(w):
     assert "workload 4" in err.message
 
 
+@pytest.mark.model
 def test_variable_declarations(w):
     g = graph(node("c", canned("x")))
     err = create_error(w, g, G, variables=[
@@ -119,6 +125,7 @@ def test_a_model_not_on_disk_is_refused_and_never_downloaded(tmp_path):
         srv.shutdown(2)
 
 
+@pytest.mark.model
 def test_too_many_agents(tmp_path, model_file):
     from wire import MODELS_DIR
     model_file(SMOL)
@@ -137,6 +144,7 @@ def test_too_many_agents(tmp_path, model_file):
         srv.shutdown(2)
 
 
+@pytest.mark.model
 def test_agent_ids_3001_and_3002(w):
     aid = create(w, graph(node("c", canned("hello"))))
     w.expect_error(codec.SendMessageRequest(request_id=1, agent_id=aid + 1000, text="x"),
@@ -150,6 +158,7 @@ def test_agent_ids_3001_and_3002(w):
         assert f"agent {aid} was destroyed" in err.message
 
 
+@pytest.mark.model
 def test_another_sessions_agent_is_unknown(server, w):
     aid = create(w, graph(node("c", canned("hello"))))
     with Wire(server.address) as other:

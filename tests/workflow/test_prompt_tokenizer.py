@@ -5,7 +5,6 @@ import pytest
 from tryll_fast.engines.llama import LlamaEngine
 from tryll_fast.workflow.projection import PromptTokenizer, common_prefix_len
 
-pytestmark = pytest.mark.model
 
 TURNS = [("Hello! Who are you?", "I am Brenna, the baker. 🍞 How can I help?"),
          ("What do you sell?", "Bread, pies and cakes, all fresh."),
@@ -21,6 +20,7 @@ def test_common_prefix_len():
     assert common_prefix_len(b"ab", b"abc") == 2
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "Gemma-3-270M"])
 def test_incremental_equals_whole(model_file, name):
     with LlamaEngine(model_file(name), n_ctx=512, n_slots=1, n_batch=64) as engine:
@@ -43,6 +43,7 @@ def test_incremental_equals_whole(model_file, name):
         assert tok.enabled and reused >= 3
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "Gemma-3-270M"])
 def test_player_text_cannot_inject_control_tokens(model_file, name):
     from tryll_fast.engines.llama import LlamaModel

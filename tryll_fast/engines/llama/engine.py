@@ -363,6 +363,7 @@ class LlamaEngine:
                     t = s.throttle
                     pause = (MAX_THROTTLE_SLEEP_S if t >= 1
                              else min(MAX_THROTTLE_SLEEP_S, dt * t / (1 - t)))
+                    s.throttle_pauses += 1
                     self._stop.wait(pause)
             except Exception as e:  # a bug must fail requests, not silently kill the thread
                 log.exception("llama scheduler step failed")

@@ -93,6 +93,7 @@ class Scheduler:
         self.step_tokens = 0
         self.step_s = 0.0     # wall time of steps (plan, decode, sampling, delivery)
         self.decode_s = 0.0   # of which inside llama_decode
+        self.throttle_pauses = 0  # steps followed by a throttle pause
 
     # -- queue ----------------------------------------------------------------------------
 
@@ -396,6 +397,7 @@ class Scheduler:
             "step_tokens": self.step_tokens,
             "step_s": self.step_s,
             "decode_s": self.decode_s,
+            "throttle_pauses": self.throttle_pauses,
             # plan + sampling + detokenize + delivery, per step
             "overhead_per_step_s": (self.step_s - self.decode_s) / max(1, self.steps),
         }
