@@ -88,7 +88,7 @@ def test_other_node_params(w):
     (gen(context=codec.ContextOverrides(n_batch=64)), "per-node context overrides"),
     (gen(adaptation=codec.ModelAdaptation(loras=[codec.LoraAdapter(path="a.gguf")])),
      "LoRA adaptation"),
-    (codec.IntentToInstructionParams(), "IntentToInstruction nodes need LLM classification"),
+    (codec.ClassifyAttributesLLMParams(), "ClassifyAttributesLLM nodes need LLM classification"),
 ])
 def test_what_this_build_lacks_is_2007(w, params, words):
     err = create_error(w, graph(node("n", params)), ErrorCode.FeatureNotAvailable)

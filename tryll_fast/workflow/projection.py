@@ -194,9 +194,12 @@ class Projection:
 
     def build(self, dialog: Dialog, current: Interaction, *, system_prompt: str,
               template_text: str, placement: int, input_text: str, n_ctx: int,
-              reserve: int, input_slot: str = "", tools=None, tool_mode: str = "") -> Prompt:
+              reserve: int, input_slot: str = "", tools=None, tool_mode: str = "",
+              max_history: int | None = None) -> Prompt:
         """tools: a ToolSet whose definitions go into the prompt the way the model's chat
-        template expects (the template's `tools`, or a block in the system message)."""
+        template expects (the template's `tools`, or a block in the system message).
+        max_history: at most this many of the latest earlier interactions (None: all
+        that fit)."""
         if dialog.version != self.dialog_version:
             self.window_start = 0
             self.dialog_version = dialog.version
@@ -224,6 +227,8 @@ class Projection:
         tail += turn
         history = [i for i in dialog.interactions
                    if i is not current and i.id >= self.window_start and i.outcome != "running"]
+        if max_history is not None:
+            history = history[-max_history:] if max_history > 0 else []
 
         rendered: dict[int, list] = {}       # window start -> the messages it rendered
 

@@ -81,6 +81,7 @@ class Turn:
         self.operation = operation
         self.interaction = agent.dialog.begin(user_text)
         self.instructions: list[tuple[str, str]] = []
+        self.intent: str | None = None      # the last classifier's choice this turn
         self.steps = 0
         self.tokens_generated = 0
         self.finals = 0
@@ -294,7 +295,8 @@ class Turn:
 
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
-                        tool_mode: str = "", grammar=None, on_text=None):
+                        tool_mode: str = "", grammar=None, on_text=None,
+                        max_history: int | None = None, score_tokens=None):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
         ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
@@ -313,7 +315,7 @@ class Turn:
                                   template_text=template_text, placement=placement,
                                   input_text=self.slot(input_slot), input_slot=input_slot,
                                   n_ctx=spec.n_ctx, reserve=spec.max_tokens, tools=toolset,
-                                  tool_mode=tool_mode)
+                                  tool_mode=tool_mode, max_history=max_history)
         self._mark("projected")
         stop = spec.stop if spec.stop is not None else tuple(
             dict.fromkeys(formatter.stop_strings + spec.extra["catalog_stop"]))
@@ -321,6 +323,8 @@ class Turn:
         if grammar is not None:
             g = grammar(toolset) if callable(grammar) else grammar
             extra = {"grammar": g.gbnf, "grammar_triggers": g.trigger_patterns}
+        if score_tokens is not None:        # formatter -> candidate token ids
+            extra["score_tokens"] = tuple(score_tokens(engine))
         sampling = SamplingParams(stop=stop, **spec.sampling, **extra)
         loop = asyncio.get_running_loop()
         done = loop.create_future()

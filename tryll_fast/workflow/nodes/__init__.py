@@ -1,13 +1,14 @@
 """The node types, one module each; TYPES maps a NodeParams member to its NodeType.
 
 Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
-GenerateAndSpeak. The other members of the union are known (so a graph using them gets a
+GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction. The other members of the union are known (so a graph using them gets a
 clear 2007 FeatureNotAvailable naming the feature, not a parse error) until their feature
 is built.
 """
 from tryll_fast import codec
 from tryll_fast.workflow.graph import NodeType
 from tryll_fast.workflow.nodes.canned import CannedResponseNode
+from tryll_fast.workflow.nodes.classify import ClassifyIntentLLMNode, IntentToInstructionNode
 from tryll_fast.workflow.nodes.generate import GenerateNode
 from tryll_fast.workflow.nodes.guardrail import GuardrailNode
 from tryll_fast.workflow.nodes.instruction import InstructionNode
@@ -30,13 +31,10 @@ _LLM_CLASSIFY = "LLM classification"
 
 TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
     GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(), ToolCallNode(),
-    PauseNode(), SpeakNode(), GenerateAndSpeakNode(),
+    PauseNode(), SpeakNode(), GenerateAndSpeakNode(), ClassifyIntentLLMNode(),
+    IntentToInstructionNode(),
     _pending("Retrieve", codec.RetrieveParams, ("found", "not_found"), _KNOWLEDGE),
     _pending("ClassifyIntent", codec.ClassifyIntentParams, ("found", "not_found"), _KNOWLEDGE),
-    _pending("ClassifyIntentLLM", codec.ClassifyIntentLLMParams, ("found", "not_found"),
-             _LLM_CLASSIFY),
-    _pending("IntentToInstruction", codec.IntentToInstructionParams, ("default",),
-             _LLM_CLASSIFY),
     _pending("WriteToMemory", codec.WriteToMemoryParams, ("default",), _KNOWLEDGE),
     _pending("Summarize", codec.SummarizeParams, ("default",), "dialog summarization"),
     _pending("ClassifyAttributesLLM", codec.ClassifyAttributesLLMParams, ("found", "not_found"),
