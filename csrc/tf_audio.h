@@ -97,15 +97,6 @@ static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, f
     tf_s16le_to_f32_from(pcm, i, n, scale, out);
 }
 
-static inline float tf_dot(const float *h, const float *x, int taps);
-
-static inline void tf_dot4(const float *const h[4], const float *const x[4], int taps,
-                           float *out)
-{
-    for (int j = 0; j < 4; j++)
-        out[j] = tf_dot(h[j], x[j], taps);
-}
-
 static inline float tf_dot(const float *h, const float *x, int taps)
 {
     float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
@@ -129,15 +120,6 @@ static inline void tf_s16le_to_f32(const uint8_t *pcm, int64_t n, float scale, f
     tf_s16le_to_f32_from(pcm, 0, n, scale, out);
 }
 
-static inline float tf_dot(const float *h, const float *x, int taps);
-
-static inline void tf_dot4(const float *const h[4], const float *const x[4], int taps,
-                           float *out)
-{
-    for (int j = 0; j < 4; j++)
-        out[j] = tf_dot(h[j], x[j], taps);
-}
-
 static inline float tf_dot(const float *h, const float *x, int taps)
 {
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
@@ -152,6 +134,16 @@ static inline float tf_dot(const float *h, const float *x, int taps)
     for (; i < taps; i++)
         acc += h[i] * x[i];
     return acc;
+}
+#endif
+
+#if !(defined(__SSE2__) || defined(_M_X64))
+/* Without SSE2 the four outputs are four dot products (NEON vectorises each one). */
+static inline void tf_dot4(const float *const h[4], const float *const x[4], int taps,
+                           float *out)
+{
+    for (int j = 0; j < 4; j++)
+        out[j] = tf_dot(h[j], x[j], taps);
 }
 #endif
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mic import STT, VOICE, begin, create, silence, speech, stream, updates_until_final
-from wer import edit_distance, words
+from wer import SPOKEN_LINES, edit_distance, words
 from wire import Wire
 
 from tryll_fast import codec
@@ -121,18 +121,7 @@ def test_hands_free_transcript_frames_in_order(w, speaker):
 
 
 def test_word_error_rate_at_real_time_pace(w, speaker):
-    lines = [
-        "Welcome to the tavern, friend. Sit down by the fire.",
-        "The road to the northern keep is dangerous at night.",
-        "I have fresh bread, apple pie and a pot of hot soup.",
-        "Please keep your voice down, the guards are listening.",
-        "My brother went into the forest and never came back.",
-        "Bring me three wolf pelts and I will pay you well.",
-        "The king has raised the taxes again this winter.",
-        "Do not trust the merchant with the green hat.",
-        "We close the doors when the bell rings at midnight.",
-        "Thank you for your help, you are always welcome here.",
-    ]
+    lines = SPOKEN_LINES[:10]
     vid = create(w)
     errors = total = 0
     heard = []

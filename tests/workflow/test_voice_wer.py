@@ -8,22 +8,9 @@ import pytest
 from tryll_fast import codec
 from tryll_fast.client import GraphDescription, TryllClient
 
+from wer import SPOKEN_LINES as LINES
 from wer import edit_distance, words
 
-LINES = [
-    "Welcome to the tavern, friend. Sit down by the fire.",
-    "The road to the northern keep is dangerous at night.",
-    "I have fresh bread, apple pie and a pot of hot soup.",
-    "The blacksmith lives next to the old stone bridge.",
-    "Please keep your voice down, the guards are listening.",
-    "My brother went into the forest and never came back.",
-    "Bring me three wolf pelts and I will pay you well.",
-    "The king has raised the taxes again this winter.",
-    "Do not trust the merchant with the green hat.",
-    "We close the doors when the bell rings at midnight.",
-    "The river is frozen, so the boats cannot leave the harbor.",
-    "Thank you for your help, you are always welcome here.",
-]
 MAX_WER = 0.15
 
 
