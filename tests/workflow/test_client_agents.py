@@ -339,3 +339,22 @@ def test_chat_against_no_server():
     proc = subprocess.run([sys.executable, "-m", "tryll_fast.cli", "chat", "--port", "1"],
                           input="", capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "1001 ConnectionFailed" in proc.stderr
+
+
+@pytest.mark.model
+def test_intent_classified_reaches_the_callback(client):
+    from tryll_fast.client.graph import (
+        CannedResponseParams, ClassifyIntentLLMParams, LocalizableText, NotifyClient,
+    )
+    graph = (GraphDescription()
+             .add_node("cls", ClassifyIntentLLMParams(
+                 intents_ids="shop", notify_client=NotifyClient.OnFound,
+                 found_exit="say", not_found_exit="say"))
+             .add_node("say", CannedResponseParams(lines=[LocalizableText(text="ok")]))
+             .set_start_node("cls")
+             .set_default_model_name(SMOL))
+    agent = client.create_agent(graph)
+    seen = []
+    agent.set_on_intent_classified(lambda *args: seen.append(args))
+    assert agent.send("I want to buy a sword.").result().ok
+    assert seen == [("cls", "shop", pytest.approx(1.0), True)]

@@ -235,6 +235,7 @@ class AgentCalls:
         self._on_paused: Callable[[str, str], None] | None = None
         self._on_tool_call: Callable[[str, str], None] | None = None
         self._on_tool_call_with_id: Callable[[str, str, str], None] | None = None
+        self._on_intent_classified: Callable[[str, str, float, bool], None] | None = None
         self._on_audio: Callable[[Any, memoryview, str], None] | None = None
         self._on_visemes: Callable[[list, int, str], None] | None = None
         self._on_tts_audio_format: Callable[[Any], None] | None = None
@@ -292,6 +293,12 @@ class AgentCalls:
         resume's tool_results must echo."""
         self._on_tool_call_with_id = callback
 
+    def set_on_intent_classified(
+            self, callback: Callable[[str, str, float, bool], None] | None) -> None:
+        """callback(node_name, intent, probability, found) for every intent_classified
+        event (a classifier node's notify_client: OnFound, or Always)."""
+        self._on_intent_classified = callback
+
     def _event(self, body) -> None:
         kv = {p.key: p.value for p in body.kv_pairs}
         if body.event_type == "paused" and self._on_paused is not None:
@@ -302,6 +309,13 @@ class AgentCalls:
                                            kv.get("call_id", ""))
             if self._on_tool_call is not None:
                 self._on_tool_call(kv.get("tool_name", ""), kv.get("arguments_json", ""))
+        elif body.event_type == "intent_classified" and self._on_intent_classified is not None:
+            try:
+                probability = float(kv.get("probability", "0"))
+            except ValueError:
+                probability = float("nan")
+            self._on_intent_classified(body.node_name, kv.get("intent", ""), probability,
+                                       kv.get("found") == "true")
 
     def _resume(self, resume_node: str, tool_results) -> Call:
         results = _tool_results(tool_results)
