@@ -195,10 +195,6 @@ cdef bytes _tts_audio_frame(Builder b, uint64_t request_id, uint64_t agent_id,
     return b.output()
 
 
-cdef inline uint32_t _rd_u32le(const uint8_t* p) noexcept nogil:
-    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
 cdef bint _tts_locate(bytes frame, Py_ssize_t pcm_bytes, Py_ssize_t* pcm_pos,
                       Py_ssize_t* off_pos) noexcept:
     """Where a size-prefixed Message{TtsAudioFrame} built by _tts_audio_frame keeps its
@@ -210,36 +206,36 @@ cdef bint _tts_locate(bytes frame, Py_ssize_t pcm_bytes, Py_ssize_t* pcm_pos,
     cdef uint32_t vt_len, voff
     if size < 16:
         return False
-    root = 4 + <Py_ssize_t>_rd_u32le(p + 4)
+    root = 4 + <Py_ssize_t>tf_ld_u32(p + 4)
     if root + 4 > size:
         return False
-    vt = root - <int32_t>_rd_u32le(p + root)
+    vt = root - tf_ld_i32(p + root)
     if vt < 4 or vt + 8 > size:
         return False
-    vt_len = p[vt] | (p[vt + 1] << 8)
+    vt_len = tf_ld_u16(p + vt)
     if vt_len < 8:                                  # Message's field 1: the body
         return False
-    voff = p[vt + 6] | (p[vt + 7] << 8)
+    voff = tf_ld_u16(p + vt + 6)
     ref = root + voff
     if voff == 0 or ref + 4 > size:
         return False
-    body = ref + <Py_ssize_t>_rd_u32le(p + ref)
+    body = ref + <Py_ssize_t>tf_ld_u32(p + ref)
     if body + 4 > size:
         return False
-    bvt = body - <int32_t>_rd_u32le(p + body)
+    bvt = body - tf_ld_i32(p + body)
     if bvt < 4 or bvt + 14 > size:
         return False
-    vt_len = p[bvt] | (p[bvt + 1] << 8)
+    vt_len = tf_ld_u16(p + bvt)
     if vt_len < 14:                                 # TtsAudioFrame's fields 2 (pcm), 4
         return False
-    voff = p[bvt + 8] | (p[bvt + 9] << 8)
+    voff = tf_ld_u16(p + bvt + 8)
     ref = body + voff
     if voff == 0 or ref + 4 > size:
         return False
-    vec = ref + <Py_ssize_t>_rd_u32le(p + ref)
-    if vec + 4 + pcm_bytes > size or _rd_u32le(p + vec) != pcm_bytes:
+    vec = ref + <Py_ssize_t>tf_ld_u32(p + ref)
+    if vec + 4 + pcm_bytes > size or tf_ld_u32(p + vec) != pcm_bytes:
         return False
-    voff = p[bvt + 12] | (p[bvt + 13] << 8)
+    voff = tf_ld_u16(p + bvt + 12)
     if voff == 0 or body + voff + 4 > size:
         return False
     pcm_pos[0] = vec + 4
@@ -258,10 +254,7 @@ cdef bytes _tts_from_template(bytes tmpl, Py_ssize_t pcm_pos, Py_ssize_t off_pos
     memcpy(d, s, pcm_pos)
     tf_f32_to_s16le(samples, n, d + pcm_pos)
     memcpy(d + pcm_pos + 2 * n, s + pcm_pos + 2 * n, size - pcm_pos - 2 * n)
-    d[off_pos] = sample_offset & 0xFF
-    d[off_pos + 1] = (sample_offset >> 8) & 0xFF
-    d[off_pos + 2] = (sample_offset >> 16) & 0xFF
-    d[off_pos + 3] = sample_offset >> 24
+    tf_st_u32(d + off_pos, sample_offset)
     return out
 
 

@@ -321,10 +321,24 @@ class SessionStorages:
                                 if self.by_name else ""))
 
     def resolve(self, ref: str, kinds: tuple[Kind, ...], where: str, locale: str,
-                code: int) -> StringStorage:
-        """A node's `string_storage`: a session storage by name, else a file under the
-        storage root (with the session locale's translation preferred). `code` is the
-        error for a reference that names nothing (3003 at CreateAgent, 3007 later)."""
+                code: int, linked: dict | None = None) -> StringStorage:
+        """A node's `string_storage`: what the agent already linked under `ref` (in
+        `linked`, which the new link joins), else a session storage by name, else a file
+        under the storage root (with the session locale's translation preferred). `code`
+        is the error for a reference that names nothing (3003 at CreateAgent, 3007
+        later)."""
+        found = linked.get(ref) if linked is not None else None
+        if found is None:
+            found = self._lookup(ref, where, locale, code)
+            if linked is not None:
+                linked[ref] = found
+        if found.kind not in kinds:
+            raise TryllError(ErrorCode.StorageKindMismatch,
+                             f"{where}: string_storage {ref!r} is a {found.kind.name}; this "
+                             f"node reads a {' or '.join(k.name for k in kinds)}")
+        return found
+
+    def _lookup(self, ref: str, where: str, locale: str, code: int) -> StringStorage:
         found = self.by_name.get(ref)
         if found is None:
             low = ref.lower()
@@ -338,10 +352,6 @@ class SessionStorages:
                 if exc.code == ErrorCode.InvalidStringStorageData:
                     raise TryllError(code, exc.message) from None
                 raise
-        if found.kind not in kinds:
-            raise TryllError(ErrorCode.StorageKindMismatch,
-                             f"{where}: string_storage {ref!r} is a {found.kind.name}; this "
-                             f"node reads a {' or '.join(k.name for k in kinds)}")
         return found
 
     def clear(self) -> None:

@@ -217,11 +217,7 @@ class LlamaContext:
         if batch_index not in self._outputs:
             raise InvalidRequest(
                 f"batch index {batch_index} produced no logits in the last decode")
-        n_vocab = self.model.n_vocab
-        for t in tokens:
-            if not 0 <= t < n_vocab:
-                raise InvalidRequest(f"score token {t} is outside the vocabulary "
-                                     f"(0..{n_vocab - 1})")
+        self.model.check_tokens(tokens)     # ptr[t] must stay inside the logits row
         ptr = C.llama_get_logits_ith(ctx, batch_index)
         z = np.fromiter((ptr[t] for t in tokens), np.float64, len(tokens))
         z = np.exp(z - z.max())

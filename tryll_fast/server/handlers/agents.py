@@ -248,14 +248,7 @@ def strings_resolver(session, linked: dict, code: int):
     storage never changes, and the reference is structural), else the session's storage
     of that name, else a file under the storage root in the session's language."""
     def resolve(ref: str, kinds: tuple, where: str):
-        found = linked.get(ref)
-        if found is None:
-            found = session.strings.resolve(ref, kinds, where, session.locale, code)
-            linked[ref] = found
-        elif found.kind not in kinds:
-            raise TryllError(ErrorCode.StorageKindMismatch,
-                             f"{where}: string_storage {ref!r} is a {found.kind.name}")
-        return found
+        return session.strings.resolve(ref, kinds, where, session.locale, code, linked)
     return resolve
 
 
