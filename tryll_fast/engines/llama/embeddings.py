@@ -1,16 +1,19 @@
 """Pooled sentence embeddings from a GGUF model, for retrieval.
 
-`Embedder` owns a dedicated llama.cpp context with `embeddings=True` and mean pooling;
-it never shares the chat scheduler's context (an embedding decode would otherwise have
-to be interleaved with generation steps). Several texts go into one `llama_decode`,
-one sequence id each; llama.cpp pools per sequence and the vectors come back
-L2-normalised as float32 numpy arrays.
+`Embedder` owns a dedicated llama.cpp context with `embeddings=True`; it never shares the
+chat scheduler's context (an embedding decode would otherwise have to be interleaved with
+generation steps). Several texts go into one `llama_decode`, one sequence id each;
+llama.cpp pools per sequence and the vectors come back L2-normalised as float32 numpy
+arrays.
 
-Chat models pooled this way give coarse embeddings (docs/models.md): good enough to rank
-related above unrelated text, not a retrieval model.
+Two kinds of model: a sentence encoder (all-MiniLM-L6-v2, a BERT GGUF written at fetch by
+bert_gguf.py) pools the way its GGUF declares (mean), and is the retrieval model; a chat
+model has no pooling of its own and is mean-pooled here, which gives coarse embeddings
+(docs/models.md): good enough to rank related above unrelated text, not for retrieval.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from typing import Any, Sequence
@@ -18,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.llama.bert_gguf import gguf_path_for
 from tryll_fast.engines.llama.model import init_backend
 
 __all__ = ["Embedder", "EmbeddingError"]
@@ -28,16 +32,18 @@ class EmbeddingError(EngineError, RuntimeError):
 
 
 class Embedder:
-    """Mean-pooled, L2-normalised embeddings through a dedicated llama.cpp context.
+    """Pooled, L2-normalised embeddings through a dedicated llama.cpp context.
 
-    `model` is a path to a GGUF file (loaded and freed by this object), or an already
-    loaded model: a `llama_model` pointer or an object with a `.handle` property
+    `model` is a path to a GGUF file (loaded and freed by this object), the
+    model.safetensors of a BERT entry (its GGUF beside it, written at fetch), or an
+    already loaded model: a `llama_model` pointer or an object with a `.handle` property
     (`LlamaModel`); a borrowed model is not freed by `close()` and must outlive it.
     `n_batch` is the token budget of one `llama_decode` (and its micro-batch),
-    `n_seq_max` the texts per decode; a text is truncated to `max_tokens` (<= n_batch).
-    The compute buffer grows with n_batch times the vocabulary, because llama.cpp
-    still runs the LM head on every token (Gemma 3, 262k tokens: ~1 MiB per token of
-    n_batch; SmolLM2: ~0.2 MiB).
+    `n_seq_max` the texts per decode; a text is truncated to `max_tokens` (<= n_batch),
+    keeping a sentence encoder's closing [SEP].
+    With a chat model the compute buffer grows with n_batch times the vocabulary,
+    because llama.cpp still runs the LM head on every token (Gemma 3, 262k tokens: ~1 MiB
+    per token of n_batch; SmolLM2: ~0.2 MiB); an encoder has no LM head.
     """
 
     def __init__(self, model: Any, *, n_batch: int = 256, n_seq_max: int = 16,
@@ -51,6 +57,11 @@ class Embedder:
         self._owns_model = False
         if isinstance(model, (str, os.PathLike)):
             path = os.fspath(model)
+            if path.endswith(".safetensors"):
+                path = os.fspath(gguf_path_for(path))
+                if not os.path.isfile(path):
+                    raise EmbeddingError(f"{path} is missing: the model was not prepared at "
+                                         "fetch (fetch it again: tryll-fast models fetch)")
             if not os.path.isfile(path):
                 raise EmbeddingError(f"model file not found: {path!r}")
             mparams = C.llama_model_default_params()
@@ -64,10 +75,19 @@ class Embedder:
         self._vocab = C.llama_model_get_vocab(handle)
         self.dim = int(C.llama_model_n_embd(handle))
         self.n_batch = int(n_batch)
-        self.n_seq_max = int(n_seq_max)
+        # More sequences than batch tokens makes llama.cpp abort the process (its output
+        # buffer holds n_batch rows), and a sequence needs a token anyway.
+        self.n_seq_max = max(1, min(int(n_seq_max), self.n_batch))
         self.max_tokens = min(int(max_tokens), self.n_batch)
         self.normalize = normalize
-        self._add_special = True  # BOS where the vocabulary asks for one
+        self._add_special = True  # BOS where the vocabulary asks for one, [CLS]/[SEP] in BERT
+        # A WordPiece text ends with [SEP]; a truncated one keeps it, as the encoder saw
+        # every text in training.
+        self._keep_last = C.llama_vocab_type(self._vocab) == C.LLAMA_VOCAB_TYPE_WPM
+        self.pooling = _declared_pooling(C, handle)
+        if self.pooling == "rank":
+            self._free_model()
+            raise EmbeddingError("the model is a reranker (rank pooling), not an embedder")
 
         cp = C.llama_context_default_params()
         cp.n_ctx = self.n_batch
@@ -80,7 +100,10 @@ class Embedder:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.embeddings = True
-        cp.pooling_type = C.LLAMA_POOLING_TYPE_MEAN
+        # The model's own pooling when its GGUF declares one (a sentence encoder was trained
+        # with it); a chat model declares none and is mean-pooled.
+        cp.pooling_type = (C.LLAMA_POOLING_TYPE_UNSPECIFIED if self.pooling is not None
+                           else C.LLAMA_POOLING_TYPE_MEAN)
         cp.kv_unified = True  # texts share the n_ctx cells instead of n_ctx/n_seq_max each
         ctx = C.llama_init_from_model(handle, cp)
         if not ctx:
@@ -106,8 +129,15 @@ class Embedder:
             buf = (C.llama_token * (-n))()
             n = C.llama_tokenize(self._vocab, data, len(data), buf, -n,
                                  self._add_special, False)
-            return list(buf[:min(n, self.max_tokens)])
-        return list(self._tok_buf[:min(n, self.max_tokens)])
+            return self._truncate(list(buf[:n]))
+        return self._truncate(list(self._tok_buf[:n]))
+
+    def _truncate(self, toks: list[int]) -> list[int]:
+        if len(toks) <= self.max_tokens:
+            return toks
+        if self._keep_last:
+            return toks[:self.max_tokens - 1] + toks[-1:]
+        return toks[:self.max_tokens]
 
     # ---- embedding
 
@@ -190,3 +220,21 @@ class Embedder:
             self.close()
         except Exception:
             pass
+
+
+_POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
+def _declared_pooling(C, model) -> str | None:
+    """The pooling the GGUF declares (`<arch>.pooling_type`), None when it declares none."""
+    def meta(key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    arch = meta("general.architecture")
+    value = meta(f"{arch}.pooling_type") if arch else None
+    if value is None or not value.strip().isdigit():
+        return None
+    name = _POOLING_NAMES.get(int(value))
+    return None if name in (None, "none") else name
