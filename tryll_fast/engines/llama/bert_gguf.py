@@ -148,8 +148,11 @@ def convert_bert(weights: Path, out: Path, *, f16: bool = True,
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-    finally:
+    except BaseException:
         writer.close()
+        tmp.unlink(missing_ok=True)  # a half-written GGUF must not look like a result
+        raise
+    writer.close()
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, out)
