@@ -11,7 +11,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
-SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h) \
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.hpp) \
            $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd tryll_fast/*/*/*.pyx)
 FUZZ_RUNS ?= 2000000
 # make serve: where models are fetched (shared with the tests' build/models) and extra flags
@@ -36,6 +36,13 @@ LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
 LLAMA_SERVER_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/llama-server-$(LLAMA_CPP_VERSION)-noamx
 LLAMA_SERVER := $(LLAMA_SERVER_DIR)/llama-server
 export TRYLL_LLAMA_SERVER := $(LLAMA_SERVER)
+
+# The vector index compiles USearch's header-only C++ (tryll_fast/knowledge/_vindex.pyx):
+# the headers come from the pinned usearch sdist, fetched once per machine into the cache.
+USEARCH_VERSION := 2.26.6
+USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEARCH_VERSION)
+USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
+export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
 .PHONY: test bench fuzz gen serve install clean profile-build llama-server
 
@@ -71,8 +78,17 @@ $(LLAMA_SERVER): | $(PY)
 
 llama-server: $(LLAMA_SERVER)
 
+$(USEARCH_HEADERS): | $(PY)
+	rm -rf $(USEARCH_DIR)/src && mkdir -p $(USEARCH_DIR)/src
+	$(PIP) download --quiet --no-deps --no-binary usearch --no-cache-dir \
+		-d $(USEARCH_DIR)/src usearch==$(USEARCH_VERSION)
+	tar -xzf $(USEARCH_DIR)/src/usearch-$(USEARCH_VERSION).tar.gz -C $(USEARCH_DIR)/src
+	rm -rf $(USEARCH_DIR)/include
+	mv $(USEARCH_DIR)/src/usearch-$(USEARCH_VERSION)/include $(USEARCH_DIR)/include
+	rm -rf $(USEARCH_DIR)/src
+
 # Re-install (and so recompile) only when a build input changed.
-$(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL)
+$(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL) $(USEARCH_HEADERS)
 	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) -e '.[test]'
 	touch $(STAMP)
 
@@ -113,4 +129,4 @@ serve: install
 	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) $(SERVE_ARGS)
 
 clean:
-	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c *.egg-info
+	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info

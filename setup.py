@@ -11,6 +11,10 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 TRACE = os.environ.get("TRYLL_CYTHON_TRACE", "") not in ("", "0")
+USEARCH_INCLUDE = os.environ.get("TRYLL_USEARCH_INCLUDE", "")
+if not os.path.isfile(os.path.join(USEARCH_INCLUDE, "usearch", "index_dense.hpp")):
+    raise SystemExit("TRYLL_USEARCH_INCLUDE must name the include/ directory of the usearch "
+                     "sdist (`make install` fetches it)")
 
 directives = {
     "language_level": "3",
@@ -76,6 +80,21 @@ extensions = [
         depends=["csrc/tf_audio.h"],
         define_macros=macros,
         extra_compile_args=cflags,
+    ),
+    # The knowledge stores' vector index: USearch's header-only HNSW with a filtered search
+    # (csrc/tf_vindex.hpp). The headers come from the pinned usearch sdist (the Makefile
+    # fetches it; TRYLL_USEARCH_INCLUDE names its include/ directory). Float reductions
+    # may be reordered so the cosine loop vectorises on baseline x86-64 (SSE2).
+    Extension(
+        "tryll_fast.knowledge._vindex",
+        ["tryll_fast/knowledge/_vindex.pyx"],
+        include_dirs=["csrc", USEARCH_INCLUDE],
+        depends=["csrc/tf_vindex.hpp"],
+        language="c++",
+        define_macros=macros + [("USEARCH_USE_NUMKONG", "0"), ("USEARCH_USE_OPENMP", "0")],
+        extra_compile_args=[f for f in cflags if f != "-O2"] + [
+            "-O3", "-std=c++17", "-fassociative-math", "-fno-signed-zeros",
+            "-fno-trapping-math", "-Wno-unused-variable"],
     ),
     # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
     Extension(

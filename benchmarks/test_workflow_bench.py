@@ -280,3 +280,63 @@ def _evict_and_restore(benchmark, server, case: str):
 
 def _p99(values):
     return statistics.quantiles(values, n=100)[98] if len(values) > 2 else max(values)
+
+
+LORE = ["Brannoc the blacksmith of Ashcombe forges horseshoes and the guard's spears.",
+        "The mill of Ashcombe grinds rye flour; a sack costs three copper coins.",
+        "The gates of Quillemarch close at sunset; the gatekeeper charges a silver coin.",
+        "An old red dragon sleeps under the Cinder Peaks.",
+        "The great library of Quillemarch lends books for a deposit of five silver coins.",
+        "Wolves hunt in the Greyfen marsh at night; the guild pays a bounty per pelt.",
+        "The Drowned Lantern is the inn of Greyfen; a bed costs two copper coins.",
+        "Brenna's oven was built by her grandmother from river stones."] * 25
+
+
+def test_retrieve_first_token(benchmark, server):
+    """Reported, not gated: the first token of a turn whose graph is Retrieve (top 2 of 200
+    records, all-MiniLM-L6-v2) then the same Generate, against Generate alone, and the
+    Retrieve node's own time (embedding the message, the search, attaching the records)."""
+    ensure_model("all-MiniLM-L6-v2", MODELS_DIR)
+    c = Client(server.port)
+    try:
+        reply = _request(c, codec.CreateEmbeddedStringStorageRequest(
+            request_id=5, name="lore", strings=LORE, embedding_model="all-MiniLM-L6-v2"))
+        assert isinstance(reply, codec.CreateEmbeddedStringStorageResponse), reply
+        gen = codec.GenerateParams(
+            system_prompt=SYSTEM, template="{{#knowledge_lore}}{{#chunks}}- {{text}}\n"
+            "{{/chunks}}{{/knowledge_lore}}", placement=codec.Placement.BeforeUserAsSystem,
+            sampling=codec.SamplingOverrides(temperature=0, max_tokens=MAX_TOKENS))
+        graph = codec.GraphDescription(nodes=[
+            codec.NodeDescription(name="find", params=codec.RetrieveParams(
+                embedded_string_storage="lore", top_k=2, threshold=0.0, source="lore",
+                found_exit="answer", not_found_exit="answer")),
+            codec.NodeDescription(name="answer", params=gen)], start_node="find")
+
+        def rounds():
+            out = []
+            for _ in range(3):
+                reply = _request(c, codec.CreateAgentRequest(
+                    request_id=2, graph=graph, default_model_name=SMOL,
+                    enable_diagnostics=True))
+                for q in QUESTIONS[:4]:
+                    frame = codec.encode(codec.SendMessageRequest(
+                        request_id=3, agent_id=reply.agent_id, text=q))
+                    t0 = time.perf_counter()
+                    c.sock.sendall(frame)
+                    first, complete = _drain_turn(c, t0)
+                    nodes = json.loads(complete.debug_info)["nodes"]
+                    out.append({"first_s": first, "retrieve_ms": nodes[0]["ms"]})
+                _request(c, codec.DestroyAgentRequest(request_id=4, agent_id=reply.agent_id))
+            return out
+        rounds()                                                   # warm
+        with_retrieve = benchmark.pedantic(rounds, rounds=1, iterations=1)
+        plain = turns(c, 3)
+    finally:
+        c.close()
+    benchmark.group = "workflow"
+    benchmark.extra_info.update(
+        suite="workflow", case="retrieve_first_token", turns=len(with_retrieve),
+        first_token_ms_p50_with_retrieve=statistics.median(
+            r["first_s"] * 1000 for r in with_retrieve),
+        first_token_ms_p50_generate_only=statistics.median(r["first_s"] * 1000 for r in plain),
+        retrieve_node_ms_p50=statistics.median(r["retrieve_ms"] for r in with_retrieve))

@@ -71,6 +71,7 @@ def test_one_error_base_and_one_code_enum():
         "prompting/chat.py:ChatTemplateError",
         "workflow/projection.py:ProjectionError",
         "workflow/templates.py:TemplateError",
+        "knowledge/filters.py:FilterError",
         # control flow inside one turn or one parse, never seen outside it
         "workflow/turn.py:TurnFailure", "workflow/turn.py:TurnCancelled",
         "workflow/turn.py:TurnTimedOut", "prompting/tool_parse.py:_Fail",

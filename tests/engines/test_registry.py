@@ -16,7 +16,7 @@ def test_the_manager_loads_through_the_registry():
     assert registry.ENGINES["onnxruntime"].roles == {"tts"}
     assert registry.ENGINES["faster-whisper"].roles == {"stt"}
     assert registry.ENGINES["sherpa-onnx"].roles == {"vad"}
-    assert set(registry.PREPARE) == {"piper"}
+    assert set(registry.PREPARE) == {"piper", "bert-gguf"}
     assert set(roles.ROLE_INTERFACES) == {"llm", "embedding", "tts", "stt", "vad"}
 
 

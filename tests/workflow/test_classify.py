@@ -138,3 +138,84 @@ def test_intent_to_instruction_params_are_checked(w):
     assert "'a list' is a List" in err.message
     err = make(route(("a",), ("{{#open}}",)))
     assert "instruction for 'a'" in err.message
+
+
+# ---- ClassifyAttributesLLM
+
+def attribute(name, question, options, target="", descriptions=()):
+    return codec.AttributeDefinition(name=name, question=question, options=list(options),
+                                     option_descriptions=list(descriptions),
+                                     target_variable=target)
+
+
+def attributes_agent(w, attrs, **kw):
+    kw.setdefault("found_exit", "note")
+    kw.setdefault("not_found_exit", "note")
+    return create(w, graph(
+        node("attrs", codec.ClassifyAttributesLLMParams(attributes=attrs, **kw)),
+        node("note", codec.InstructionParams(
+            instruction="tone={{attribute_tone}} mood={{var.mood}}", default_exit="say")),
+        node("say", canned("ok"))), enable_diagnostics=True,
+        variables=[codec.AgentVariable(name="mood", value=codec.VarString(value="unknown"))])
+
+
+def variable(w, aid, name):
+    snap = w.request(codec.GetAgentVariablesRequest(request_id=w.rid(), agent_id=aid))
+    return {v.name: v.value.value for v in snap.variables}[name]
+
+
+def test_attributes_resolve_into_variables_templates_and_an_event(w):
+    aid = attributes_agent(w, [
+        attribute("tone", "How does the player speak?", ("polite", "rude")),
+        attribute("topic", "What does the player talk about?", ("trade", "travel", "other"),
+                  target="mood", descriptions=("buying or selling", "roads and places",
+                                               "anything else"))],
+        threshold=0.0, notify_client=Notify.OnFound)
+    frames = turn(w, aid, "Please, kind sir, how much for the bread?")
+    d = nodes_of(frames)["attrs"]
+    assert d["exit"] == "found"
+    table = d["attributes"]
+    for name, n in (("tone", 2), ("topic", 3)):
+        assert table[name]["resolved"] and len(table[name]["scores"]) == n
+        assert math.isclose(sum(table[name]["scores"].values()), 1.0, abs_tol=1e-3)
+        best = max(table[name]["scores"], key=table[name]["scores"].get)
+        assert table[name]["value"] == best.split(":")[1]     # the argmax is the value
+    assert variable(w, aid, "mood") == table["topic"]["value"]
+    note = nodes_of(frames)["note"]["text"]
+    assert note == f"tone={table['tone']['value']} mood={table['topic']['value']}"
+    [event] = [f for f in frames if isinstance(f, codec.NodeEvent)]
+    kv = {p.key: p.value for p in event.kv_pairs}
+    assert event.event_type == "attributes_classified"
+    assert kv["tone"] == table["tone"]["value"] and kv["topic"] == table["topic"]["value"]
+    assert 0.0 < float(kv["tone.probability"]) <= 1.0
+
+
+def test_an_unresolved_attribute_keeps_its_variable_and_routes_not_found(w):
+    aid = attributes_agent(w, [attribute("tone", "How does the player speak?",
+                                         ("polite", "rude"), target="mood")],
+                           threshold=1.0, notify_client=Notify.Always)
+    frames = turn(w, aid, "Hello.")
+    d = nodes_of(frames)["attrs"]
+    assert d["exit"] == "not_found" and d["attributes"]["tone"]["resolved"] is False
+    assert variable(w, aid, "mood") == "unknown"
+    [event] = [f for f in frames if isinstance(f, codec.NodeEvent)]
+    assert {p.key: p.value for p in event.kv_pairs}["tone"] == ""
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ([], "attributes is empty"),
+    ([attribute("a", "q?", ("x",))], "1 options; 2 to 26"),
+    ([attribute("a", "q?", ("x", "x"))], "options must be non-empty and distinct"),
+    ([attribute("a", "", ("x", "y"))], "question is empty"),
+    ([attribute("a", "q?", ("x", "y")), attribute("a", "q?", ("x", "y"))],
+     "attributes[1]: name 'a' is empty or repeated"),
+    ([attribute("a", "q?", ("x", "y"), descriptions=("only one",))],
+     "option_descriptions has 1 entries for 2 options"),
+    ([attribute("a", "q?", ("x", "y"), target="ghost")],
+     "target_variable 'ghost' is not a declared string variable"),
+])
+def test_attribute_definitions_are_checked(w, attrs, message):
+    g = graph(node("attrs", codec.ClassifyAttributesLLMParams(
+        attributes=attrs, found_exit="say", not_found_exit="say")), node("say", canned("ok")))
+    err = create_error(w, g, G)
+    assert message in err.message, err.message

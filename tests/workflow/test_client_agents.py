@@ -358,3 +358,39 @@ def test_intent_classified_reaches_the_callback(client):
     agent.set_on_intent_classified(lambda *args: seen.append(args))
     assert agent.send("I want to buy a sword.").result().ok
     assert seen == [("cls", "shop", pytest.approx(1.0), True)]
+
+
+@pytest.mark.model
+def test_attributes_classified_reaches_the_callback(client):
+    from tryll_fast.client.graph import (
+        AttributeDefinition, CannedResponseParams, ClassifyAttributesLLMParams,
+        LocalizableText, NotifyClient,
+    )
+    graph = (GraphDescription()
+             .add_node("attrs", ClassifyAttributesLLMParams(
+                 attributes=[AttributeDefinition(name="tone", question="How polite?",
+                                                 options=["polite", "rude"])],
+                 threshold=0.0, notify_client=NotifyClient.Always,
+                 found_exit="say", not_found_exit="say"))
+             .add_node("say", CannedResponseParams(lines=[LocalizableText(text="ok")]))
+             .set_start_node("attrs")
+             .set_default_model_name(SMOL))
+    agent = client.create_agent(graph)
+    seen = []
+    agent.set_on_attributes_classified(lambda *args: seen.append(args))
+    assert agent.send("Thank you kindly.").result().ok
+    [(node_name, values, resolved)] = seen
+    assert node_name == "attrs" and resolved and values["tone"] in ("polite", "rude")
+
+
+@pytest.mark.model
+def test_embedded_storages_through_the_client(client, model_file):
+    model_file("all-MiniLM-L6-v2")
+    count, dim = client.create_embedded_string_storage(
+        "barks", strings=["The inn is warm.", "Wolves at night."],
+        embedding_model="all-MiniLM-L6-v2", metadata=[{"mood": "calm"}, {}])
+    assert (count, dim) == (2, 384)
+    client.destroy_embedded_string_storage("barks")
+    with pytest.raises(TryllError) as exc:
+        client.destroy_embedded_string_storage("barks")
+    assert exc.value.code == ErrorCode.InvalidEmbeddedStringStorageName

@@ -83,12 +83,11 @@ def test_other_node_params(w):
 
 @pytest.mark.model
 @pytest.mark.parametrize("params,words", [
-    (codec.RetrieveParams(), "Retrieve nodes need knowledge"),
+    (codec.WriteToMemoryParams(), "WriteToMemory nodes need mutable knowledge bases"),
     (codec.SummarizeParams(), "Summarize nodes need dialog summarization"),
     (gen(context=codec.ContextOverrides(n_batch=64)), "per-node context overrides"),
     (gen(adaptation=codec.ModelAdaptation(loras=[codec.LoraAdapter(path="a.gguf")])),
      "LoRA adaptation"),
-    (codec.ClassifyAttributesLLMParams(), "ClassifyAttributesLLM nodes need LLM classification"),
 ])
 def test_what_this_build_lacks_is_2007(w, params, words):
     err = create_error(w, graph(node("n", params)), ErrorCode.FeatureNotAvailable)

@@ -168,6 +168,49 @@ class SyncMethods:
         """destroy_string_storage() without waiting for the reply: a future of it."""
         return self.start(Calls.destroy_string_storage(self, name))
 
+    def create_embedded_string_storage(
+            self,
+            name: str,
+            config_path: str = '',
+            strings: Iterable[str] = (),
+            embedding_model: str = '',
+            metadata: Iterable[Any] = (),
+            *,
+            timeout: float | None = None,
+    ) -> Any:
+        """Pin a named embedded string storage (records with embeddings in a vector index):
+        a KB `config_path` under the server's storage root, or inline `strings` embedded
+        with the catalog `embedding_model`, each with an optional metadata dict (or JSON
+        text) in `metadata`. Returns (record_count, embedding_dim).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.create_embedded_string_storage(self, name, config_path, strings, embedding_model, metadata)
+        return self.wait(call, timeout)
+
+    def create_embedded_string_storage_async(
+            self,
+            name: str,
+            config_path: str = '',
+            strings: Iterable[str] = (),
+            embedding_model: str = '',
+            metadata: Iterable[Any] = (),
+    ) -> concurrent.futures.Future:
+        """create_embedded_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.create_embedded_string_storage(self, name, config_path, strings, embedding_model, metadata))
+
+    def destroy_embedded_string_storage(self, name: str, *, timeout: float | None = None) -> Any:
+        """Unpin an embedded string storage (agents that linked it keep it).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.destroy_embedded_string_storage(self, name)
+        return self.wait(call, timeout)
+
+    def destroy_embedded_string_storage_async(self, name: str) -> concurrent.futures.Future:
+        """destroy_embedded_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.destroy_embedded_string_storage(self, name))
+
     def get_memory_consumption(self, *, timeout: float | None = None) -> Any:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse).
 
@@ -353,6 +396,54 @@ class AsyncMethods:
     def destroy_string_storage_async(self, name: str) -> asyncio.Future:
         """destroy_string_storage() without waiting for the reply: a future of it."""
         return self.start(Calls.destroy_string_storage(self, name))
+
+    async def create_embedded_string_storage(
+            self,
+            name: str,
+            config_path: str = '',
+            strings: Iterable[str] = (),
+            embedding_model: str = '',
+            metadata: Iterable[Any] = (),
+            *,
+            timeout: float | None = None,
+    ) -> Any:
+        """Pin a named embedded string storage (records with embeddings in a vector index):
+        a KB `config_path` under the server's storage root, or inline `strings` embedded
+        with the catalog `embedding_model`, each with an optional metadata dict (or JSON
+        text) in `metadata`. Returns (record_count, embedding_dim).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.create_embedded_string_storage(self, name, config_path, strings, embedding_model, metadata)
+        return await self.wait(call, timeout)
+
+    def create_embedded_string_storage_async(
+            self,
+            name: str,
+            config_path: str = '',
+            strings: Iterable[str] = (),
+            embedding_model: str = '',
+            metadata: Iterable[Any] = (),
+    ) -> asyncio.Future:
+        """create_embedded_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.create_embedded_string_storage(self, name, config_path, strings, embedding_model, metadata))
+
+    async def destroy_embedded_string_storage(
+            self,
+            name: str,
+            *,
+            timeout: float | None = None,
+    ) -> Any:
+        """Unpin an embedded string storage (agents that linked it keep it).
+
+        `timeout`: seconds to wait for the reply (None: the client's).
+        """
+        call = Calls.destroy_embedded_string_storage(self, name)
+        return await self.wait(call, timeout)
+
+    def destroy_embedded_string_storage_async(self, name: str) -> asyncio.Future:
+        """destroy_embedded_string_storage() without waiting for the reply: a future of it."""
+        return self.start(Calls.destroy_embedded_string_storage(self, name))
 
     async def get_memory_consumption(self, *, timeout: float | None = None) -> Any:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse).

@@ -236,6 +236,7 @@ class AgentCalls:
         self._on_tool_call: Callable[[str, str], None] | None = None
         self._on_tool_call_with_id: Callable[[str, str, str], None] | None = None
         self._on_intent_classified: Callable[[str, str, float, bool], None] | None = None
+        self._on_attributes_classified: Callable[[str, dict, bool], None] | None = None
         self._on_audio: Callable[[Any, memoryview, str], None] | None = None
         self._on_visemes: Callable[[list, int, str], None] | None = None
         self._on_tts_audio_format: Callable[[Any], None] | None = None
@@ -299,6 +300,13 @@ class AgentCalls:
         event (a classifier node's notify_client: OnFound, or Always)."""
         self._on_intent_classified = callback
 
+    def set_on_attributes_classified(
+            self, callback: Callable[[str, dict, bool], None] | None) -> None:
+        """callback(node_name, {attribute: value}, all_resolved) for every
+        attributes_classified event (ClassifyAttributesLLM's notify_client); an unresolved
+        attribute's value is ""."""
+        self._on_attributes_classified = callback
+
     def _event(self, body) -> None:
         kv = {p.key: p.value for p in body.kv_pairs}
         if body.event_type == "paused" and self._on_paused is not None:
@@ -316,6 +324,11 @@ class AgentCalls:
                 probability = float("nan")
             self._on_intent_classified(body.node_name, kv.get("intent", ""), probability,
                                        kv.get("found") == "true")
+        elif (body.event_type == "attributes_classified"
+              and self._on_attributes_classified is not None):
+            values = {k: v for k, v in kv.items() if not k.endswith(".probability")}
+            self._on_attributes_classified(body.node_name, values,
+                                           all(v != "" for v in values.values()))
 
     def _resume(self, resume_node: str, tool_results) -> Call:
         results = _tool_results(tool_results)

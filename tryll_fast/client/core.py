@@ -13,6 +13,7 @@ its own SendMessage turns. WireTranscriptUpdate frames go to their voice input's
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -326,6 +327,29 @@ class Calls:
         """Unpin a string storage (agents that linked it keep their copy)."""
         return Call("DestroyStringStorageRequest",
                     lambda rid: codec.DestroyStringStorageRequest(request_id=rid, name=name),
+                    _none)
+
+    def create_embedded_string_storage(self, name: str, config_path: str = "",
+                                       strings: Iterable[str] = (),
+                                       embedding_model: str = "",
+                                       metadata: Iterable[Any] = ()) -> Call:
+        """Pin a named embedded string storage (records with embeddings in a vector index):
+        a KB `config_path` under the server's storage root, or inline `strings` embedded
+        with the catalog `embedding_model`, each with an optional metadata dict (or JSON
+        text) in `metadata`. Returns (record_count, embedding_dim)."""
+        meta = [m if isinstance(m, str) else json.dumps(m) for m in metadata]
+        return Call("CreateEmbeddedStringStorageRequest",
+                    lambda rid: codec.CreateEmbeddedStringStorageRequest(
+                        request_id=rid, name=name, config_path=config_path,
+                        strings=list(strings), embedding_model=embedding_model,
+                        metadata_json=meta),
+                    lambda reply: (reply.record_count, reply.embedding_dim))
+
+    def destroy_embedded_string_storage(self, name: str) -> Call:
+        """Unpin an embedded string storage (agents that linked it keep it)."""
+        return Call("DestroyEmbeddedStringStorageRequest",
+                    lambda rid: codec.DestroyEmbeddedStringStorageRequest(request_id=rid,
+                                                                          name=name),
                     _none)
 
     def get_memory_consumption(self) -> Call:

@@ -14,7 +14,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from tryll_fast.errors import ErrorCode, TryllError
 
 
-def resolve(root: Path, relative: str, *, suffixes: tuple[str, ...], what: str) -> Path:
+def target(root: Path, relative: str, what: str) -> Path:
+    """The real location of `relative` under the root, which need not exist yet (a file the
+    server will write); 3009 on any escape."""
     if not relative:
         raise TryllError(ErrorCode.StorageFileNotFound, f"{what}: empty path")
     if "\x00" in relative:
@@ -34,6 +36,11 @@ def resolve(root: Path, relative: str, *, suffixes: tuple[str, ...], what: str) 
         raise TryllError(ErrorCode.StorageOutsideRoot,
                          f"{what}: {relative!r} leads outside the storage root (a symbolic "
                          "link)")
+    return real
+
+
+def resolve(root: Path, relative: str, *, suffixes: tuple[str, ...], what: str) -> Path:
+    real = target(root, relative, what)
     if not real.is_file():
         raise TryllError(ErrorCode.StorageFileNotFound,
                          f"{what}: {relative!r} is not a file under the storage root")

@@ -15,6 +15,7 @@ their queued frames are written; models are freed.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import math
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable
 from tryll_fast import PROTOCOL_VERSION, codec
 from tryll_fast.engines import registry
 from tryll_fast.knowledge import StorageFiles
+from tryll_fast.knowledge.embedded import StoreFiles
 from tryll_fast.models import ModelManager, load_catalog
 from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.models.manager import DEFAULT_LOADERS
@@ -115,6 +117,7 @@ class Server:
         self.listener = Listener()                  # runs every voice input's VAD
         self.audio_buffers_dropped = 0              # AudioBuffers for no voice input
         self.storage_files = StorageFiles(config.storage_root)  # files nodes link
+        self.store_files = StoreFiles(config.storage_root, self.models)  # KB config files
         self.agents: dict[int, Any] = {}            # every live agent, by id (memory rows)
         self.connection_ready = codec.encode(codec.ConnectionReady(
             protocol_version=PROTOCOL_VERSION, codegen_fingerprint=codec.SCHEMA_FINGERPRINT,
@@ -223,6 +226,8 @@ class Server:
         self.workers.shutdown(wait=True)
         self.runtime.stop()
         self.listener.stop()
+        self.store_files.clear()       # cached knowledge bases hold embedding-model leases
+        gc.collect()                   # and so may storages of sessions in reference cycles
         try:
             self.models.close()
         except TimeoutError as exc:
@@ -281,6 +286,7 @@ class Server:
         for handle in voice_inputs:
             self.destroy_voice_input(session, handle)
         session.strings.clear()
+        session.embedded.clear()
         for op in ops:
             op.cancel()
         if session.throttle is not None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.knowledge import SessionStorages
+from tryll_fast.knowledge.embedded import SessionEmbedded
 from tryll_fast.server.logs import fields
 
 if TYPE_CHECKING:
@@ -123,7 +124,11 @@ class Session:
         self.agents: dict[int, Any] = {}           # agent_id -> workflow Agent
         self.destroyed_agents: set[int] = set()    # for 3002 (vs 3001 for unknown ids)
         self.voice_inputs: dict[int, Any] = {}     # voice_input_id -> VoiceInput
-        self.strings = SessionStorages(server.storage_files)   # string storages
+        # string and embedded string storages share the session's names (7004 across them)
+        self.strings = SessionStorages(server.storage_files,
+                                       other_names=lambda: self.embedded.by_name)
+        self.embedded = SessionEmbedded(server.store_files, server.models,
+                                        other_names=lambda: self.strings.by_name)
         self.operations: set[Operation] = set()
         self._lock = threading.Lock()
         # callback -> how many registrations want it (one engine serves many turns)
@@ -299,6 +304,7 @@ class Session:
                 "agents": len(self.agents), "pins": len(self.pins),
                 "voice_inputs": len(self.voice_inputs),
                 "string_storages": len(self.strings.by_name),
+                "embedded_string_storages": len(self.embedded.by_name),
                 "resume_callbacks": len(self._resume_callbacks),
                 "throttle": int(self.throttle is not None)}
 

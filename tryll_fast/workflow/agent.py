@@ -93,7 +93,7 @@ class Agent:
         self.workload = workload
         self.kv_init = kv_init
         self.voice = voice              # a checked Voice (workflow/voice.py) or None
-        self.linked_strings: dict = {}  # string_storage reference -> StringStorage
+        self.linked_strings: dict = {}  # storage reference -> StringStorage / EmbeddedStorage
         self.delivery = DeliveryState(voice.default_mode if voice is not None else "")
         self.dialog = Dialog()
         self._state = IDLE

@@ -38,6 +38,9 @@ class CompileContext:
     # storage by name or a file under the storage root; knowledge/strings.py); raises
     # TryllError naming `where`
     resolve_strings: Callable[[str, tuple, str], Any] | None = None
+    # a node's embedded_string_storage, where -> the EmbeddedStorage (a session storage by
+    # name or a KB config under the storage root; knowledge/embedded.py)
+    resolve_embedded: Callable[[str, str], Any] | None = None
 
     def fail(self, where: str, problem: str) -> TryllError:
         return TryllError(self.code, f"{where}: {problem}")
@@ -46,6 +49,14 @@ class CompileContext:
         if self.resolve_strings is None:
             raise self.fail(where, f"string_storage {ref!r}: no string storages here")
         return self.resolve_strings(ref, kinds, where)
+
+    def embedded(self, ref: str, where: str):
+        if not ref:
+            raise self.fail(where, "embedded_string_storage is empty: name a storage of the "
+                                   "session or a KB config file")
+        if self.resolve_embedded is None:
+            raise self.fail(where, f"embedded_string_storage {ref!r}: no storages here")
+        return self.resolve_embedded(ref, where)
 
 
 class NodeType:

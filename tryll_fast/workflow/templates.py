@@ -3,7 +3,11 @@
 Keys (docs/workflow.md): `var.<name>` (the variable's value now: re-read on every render),
 `instruction_<name>` and the `instructions` section ({name, text} per instruction attached
 so far in the turn), `locale` ("pt-BR"), `language_code` ("pt"), `language` ("Portuguese"),
-and `user_message` (the player's text of this turn).
+`user_message` (the player's text of this turn), and the knowledge Retrieve attached this
+turn: the `knowledge` section (one item per Retrieve: `name`, `query`, and `chunks`, each
+with `id`, `text`, `distance`, `rank` and the record's `metadata`) and
+`knowledge_<source>` (that source's item alone, so `{{#knowledge_lore}}` opens its chunks),
+and `attribute_<name>` (the value ClassifyAttributesLLM resolved for an attribute this turn).
 
 Nothing is HTML-escaped (these are prompts, not web pages); a missing key renders as
 empty. Templates are parsed once when the node is compiled: a syntax error, an unclosed or
@@ -62,7 +66,9 @@ def locale_keys(locale: str) -> tuple[tuple[str, str], ...]:
 
 
 def context(*, variables: Mapping[str, Any], instructions: list[tuple[str, str]],
-            locale: str, user_message: str) -> dict[str, Any]:
+            locale: str, user_message: str,
+            knowledge: list[dict[str, Any]] = (),
+            attributes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The Mustache context of one render."""
     ctx: dict[str, Any] = dict(locale_keys(locale))
     ctx["var"] = variables
@@ -70,4 +76,9 @@ def context(*, variables: Mapping[str, Any], instructions: list[tuple[str, str]]
     ctx["instructions"] = [{"name": n, "text": t} for n, t in instructions]
     for name, text in instructions:
         ctx[f"instruction_{name}"] = text
+    for name, value in (attributes or {}).items():
+        ctx[f"attribute_{name}"] = value
+    ctx["knowledge"] = list(knowledge)
+    for block in knowledge:
+        ctx[f"knowledge_{block['name']}"] = block
     return ctx

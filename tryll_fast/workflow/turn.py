@@ -81,6 +81,8 @@ class Turn:
         self.operation = operation
         self.interaction = agent.dialog.begin(user_text)
         self.instructions: list[tuple[str, str]] = []
+        self.knowledge: list[dict[str, Any]] = []   # Retrieve blocks of this turn (templates)
+        self.attributes: dict[str, str] = {}        # ClassifyAttributesLLM values (templates)
         self.intent: str | None = None      # the last classifier's choice this turn
         self.steps = 0
         self.tokens_generated = 0
@@ -211,6 +213,7 @@ class Turn:
     def template_context(self) -> dict[str, Any]:
         return templates.context(variables=self.agent.variables.template_view(),
                                  instructions=self.instructions, locale=self.session.locale,
+                                 knowledge=self.knowledge, attributes=self.attributes,
                                  user_message=self.user_text)
 
     def slot(self, name: str) -> str:
@@ -268,6 +271,18 @@ class Turn:
             raise TurnFailure(f"node {node.name!r}: speech synthesis failed: {strand.error}")
         if self.cancelled:
             raise TurnCancelled()
+
+    def add_knowledge(self, node, source: str, query: str, chunks: list[dict]) -> None:
+        """Attach a Retrieve's result: rendered by `{{#knowledge}}` / `{{#knowledge_<source>}}`
+        in this turn, kept in the dialog (PersistedKnowledge) for export."""
+        self.knowledge = [b for b in self.knowledge if b["name"] != source]
+        self.knowledge.append({"name": source, "query": query, "chunks": chunks})
+        self.interaction.add(Component(
+            kind="knowledge", slot=node.name, text=query, node_name=node.name, name=source,
+            role="hidden", extra={"entries": [
+                {"id": c["id"], "text": c["text"], "distance": c["distance"],
+                 "metadata_json": json.dumps(c["metadata"]) if c["metadata"] else ""}
+                for c in chunks]}))
 
     def add_instruction(self, node, name: str, text: str) -> None:
         self.instructions.append((name, text))

@@ -117,7 +117,9 @@ def _create(session, req):
                          resolve_model=model_resolver(server, ErrorCode.GraphCompilationFailed,
                                                       resolved),
                          resolve_strings=strings_resolver(session, linked,
-                                                          ErrorCode.GraphCompilationFailed))
+                                                          ErrorCode.GraphCompilationFailed),
+                         resolve_embedded=embedded_resolver(session, linked,
+                                                            ErrorCode.GraphCompilationFailed))
     graph = compile_graph(req.graph, ctx, TYPES)
     speaks = any(node.type.speaks for node in graph.nodes.values())
     voice = voice_checker(session)(req.voice, speaks)
@@ -252,6 +254,13 @@ def strings_resolver(session, linked: dict, code: int):
     return resolve
 
 
+def embedded_resolver(session, linked: dict, code: int):
+    """A node's embedded_string_storage, linked into the agent like string storages."""
+    def resolve(ref: str, where: str):
+        return session.embedded.resolve(ref, where, code, linked)
+    return resolve
+
+
 @handles("ChangeAgentParamRequest")
 def change_agent_param(session, req):
     agent = agent_of(session, req.agent_id)
@@ -269,6 +278,8 @@ def change_agent_param(session, req):
                                                           agent.resolved_models),
                              resolve_strings=strings_resolver(session, agent.linked_strings,
                                                               ErrorCode.InvalidParamValue),
+                             resolve_embedded=embedded_resolver(
+                                 session, agent.linked_strings, ErrorCode.InvalidParamValue),
                              code=ErrorCode.InvalidParamValue)
         spec = check_change(node, req.params, ctx)
         node.params, node.spec = req.params, spec

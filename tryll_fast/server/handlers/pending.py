@@ -10,8 +10,7 @@ from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
 
 FEATURES = {
-    "knowledge (embedded storages, mutable knowledge bases)": (
-        "CreateEmbeddedStringStorageRequest", "DestroyEmbeddedStringStorageRequest",
+    "mutable knowledge bases": (
         "EnsureMutableKbRequest", "EnumerateMutableKbsRequest", "MutableKbWriteRequest",
         "MutableKbDeleteRequest", "MutableKbClearRequest", "MutableKbQueryRequest",
         "MutableKbGetRequest", "MutableKbListRequest", "MutableKbStatsRequest",

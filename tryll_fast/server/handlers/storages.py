@@ -1,6 +1,6 @@
-"""String storages (docs/knowledge.md): CreateStringStorage pins a named storage into the
-session, DestroyStringStorage unpins it. Both run on the session's lane, in order with the
-CreateAgent requests that link them (a file is read there, never on the reactor).
+"""String and embedded string storages (docs/knowledge.md): Create pins a named storage into the
+session, Destroy unpins it. All run on the session's lane, in order with the
+CreateAgent requests that link them (files are read and indexes built there, never on the reactor).
 """
 from __future__ import annotations
 
@@ -31,3 +31,24 @@ def destroy_string_storage(session, req):
         session.strings.destroy(req.name)
         return codec.Ack(request_id=req.request_id)
     session.run_blocking(req.request_id, "DestroyStringStorageRequest", run)
+
+
+@handles("CreateEmbeddedStringStorageRequest")
+def create_embedded_string_storage(session, req):
+    def run():
+        made = session.embedded.create(req)
+        log.info("embedded string storage created", extra=fields(
+            session=session.id, storage=made.name, records=len(made), dim=made.dim,
+            model=made.model, source=made.source or "inline"))
+        return codec.CreateEmbeddedStringStorageResponse(
+            request_id=req.request_id, name=made.name, record_count=len(made),
+            embedding_dim=made.dim)
+    session.run_blocking(req.request_id, "CreateEmbeddedStringStorageRequest", run)
+
+
+@handles("DestroyEmbeddedStringStorageRequest")
+def destroy_embedded_string_storage(session, req):
+    def run():
+        session.embedded.destroy(req.name)
+        return codec.Ack(request_id=req.request_id)
+    session.run_blocking(req.request_id, "DestroyEmbeddedStringStorageRequest", run)

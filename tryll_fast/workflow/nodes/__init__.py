@@ -1,18 +1,21 @@
 """The node types, one module each; TYPES maps a NodeParams member to its NodeType.
 
 Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
-GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction. The other members of the union are known (so a graph using them gets a
+GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction, Retrieve, ClassifyIntent, ClassifyAttributesLLM. The other members of the union are known (so a graph using them gets a
 clear 2007 FeatureNotAvailable naming the feature, not a parse error) until their feature
 is built.
 """
 from tryll_fast import codec
 from tryll_fast.workflow.graph import NodeType
 from tryll_fast.workflow.nodes.canned import CannedResponseNode
-from tryll_fast.workflow.nodes.classify import ClassifyIntentLLMNode, IntentToInstructionNode
+from tryll_fast.workflow.nodes.classify import (
+    ClassifyAttributesLLMNode, ClassifyIntentLLMNode, IntentToInstructionNode,
+)
 from tryll_fast.workflow.nodes.generate import GenerateNode
 from tryll_fast.workflow.nodes.guardrail import GuardrailNode
 from tryll_fast.workflow.nodes.instruction import InstructionNode
 from tryll_fast.workflow.nodes.pause import PauseNode
+from tryll_fast.workflow.nodes.retrieve import ClassifyIntentNode, RetrieveNode
 from tryll_fast.workflow.nodes.speak import GenerateAndSpeakNode, SpeakNode
 from tryll_fast.workflow.nodes.toolcall import ToolCallNode
 
@@ -26,17 +29,13 @@ def _pending(kind: str, params_cls: type, exits: tuple[str, ...], feature: str) 
     return t
 
 
-_KNOWLEDGE = "knowledge (embedded storages and knowledge bases)"
-_LLM_CLASSIFY = "LLM classification"
+_KNOWLEDGE = "mutable knowledge bases"
 
 TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
     GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(), ToolCallNode(),
     PauseNode(), SpeakNode(), GenerateAndSpeakNode(), ClassifyIntentLLMNode(),
-    IntentToInstructionNode(),
-    _pending("Retrieve", codec.RetrieveParams, ("found", "not_found"), _KNOWLEDGE),
-    _pending("ClassifyIntent", codec.ClassifyIntentParams, ("found", "not_found"), _KNOWLEDGE),
+    IntentToInstructionNode(), RetrieveNode(), ClassifyIntentNode(),
+    ClassifyAttributesLLMNode(),
     _pending("WriteToMemory", codec.WriteToMemoryParams, ("default",), _KNOWLEDGE),
     _pending("Summarize", codec.SummarizeParams, ("default",), "dialog summarization"),
-    _pending("ClassifyAttributesLLM", codec.ClassifyAttributesLLMParams, ("found", "not_found"),
-             _LLM_CLASSIFY),
 )}

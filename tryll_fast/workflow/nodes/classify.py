@@ -11,6 +11,16 @@ The turn's intent is then its id; when nothing passes, it is `not_found_intent` 
 Diagnostics: every letter's probability and, when not found, `not_found_reason`.
 `notify_client` sends NodeEvent `intent_classified` (intent, probability, found).
 
+ClassifyAttributesLLM asks the same kind of letter question once per attribute (the question
+and its options in the system message, the message and `history_turns` as above), one
+scoring request after another on the node's conversation. An attribute whose best option
+reaches `threshold` is resolved: its value is written to its `target_variable` (a declared
+string variable; `{{var.<name>}}` and filters see it from then on) and to the turn's
+`{{attribute_<name>}}`; an unresolved one leaves its variable as it was. found when every
+attribute resolved. Diagnostics: each attribute's probabilities, value and whether it
+resolved; `notify_client` sends NodeEvent `attributes_classified` with `<name>` -> value
+(empty when unresolved) and `<name>.probability`.
+
 IntentToInstruction looks the turn's intent up in its Map (a Map string storage, with the
 inline `inline_keys` / `instructions` winning on equal keys) and attaches the text as an
 instruction (`{{instruction_<name>}}`, `{{#instructions}}`), rendered as Mustache when it
@@ -30,6 +40,10 @@ from tryll_fast.workflow.nodes.llm import compile_llm
 
 MAX_INTENTS = 26
 DEFAULT_CONTEXT = 2048
+MAX_ATTRIBUTES = 16
+BUILTIN_ATTRIBUTE_INSTRUCTION = (
+    "Answer the question about the player's last message. Choose the one option below that "
+    "fits it best and reply with its letter only.")
 BUILTIN_INSTRUCTION = (
     "Classify the player's last message. Choose the one option below that fits it best "
     "and reply with its letter only.")
@@ -130,6 +144,110 @@ class ClassifyIntentLLMNode(NodeType):
         if p.notify_client == Notify.Always:
             _notify(turn, node, turn.intent or "", best, False)
         return "not_found"
+
+
+class ClassifyAttributesLLMNode(NodeType):
+    kind = "ClassifyAttributesLLM"
+    params_cls = codec.ClassifyAttributesLLMParams
+    exits = ("found", "not_found")
+    uses_model = True
+
+    def compile(self, name: str, p, ctx: CompileContext):
+        where = f"node {name!r}"
+        check_unsupported(name, p)
+        attrs = list(p.attributes)
+        if not attrs:
+            raise ctx.fail(where, "attributes is empty")
+        if len(attrs) > MAX_ATTRIBUTES:
+            raise ctx.fail(where, f"{len(attrs)} attributes; at most {MAX_ATTRIBUTES}")
+        if not (math.isfinite(p.threshold) and 0.0 <= p.threshold <= 1.0):
+            raise ctx.fail(where, f"threshold {p.threshold!r} must be between 0 and 1")
+        if p.history_turns < 0:
+            raise ctx.fail(where, f"history_turns {p.history_turns} is negative")
+        if p.notify_client not in {int(m) for m in Notify}:
+            raise ctx.fail(where, f"notify_client {int(p.notify_client)} is not a "
+                                  "NotifyClient (0..2)")
+        compiled = []
+        for i, a in enumerate(attrs):
+            at = f"{where}: attributes[{i}]"
+            if not a.name or a.name in [c[0] for c in compiled]:
+                raise ctx.fail(at, f"name {a.name!r} is empty or repeated")
+            if not a.question.strip():
+                raise ctx.fail(at, "question is empty")
+            options = list(a.options)
+            if not 2 <= len(options) <= MAX_INTENTS:
+                raise ctx.fail(at, f"{len(options)} options; 2 to {MAX_INTENTS} (letters A..Z)")
+            if any(not o for o in options) or len(set(options)) != len(options):
+                raise ctx.fail(at, "options must be non-empty and distinct")
+            shown = list(a.option_descriptions) or options
+            if len(shown) != len(options):
+                raise ctx.fail(at, f"option_descriptions has {len(shown)} entries for "
+                                   f"{len(options)} options")
+            if a.target_variable and ctx.variables.kind(a.target_variable) != "string":
+                raise ctx.fail(at, f"target_variable {a.target_variable!r} is not a declared "
+                                   "string variable")
+            letters = [chr(ord("A") + k) for k in range(len(options))]
+            listed = "\n".join(f"{letter}. {desc or opt}" for letter, desc, opt
+                                in zip(letters, shown, options))
+            system = (f"{p.system_prompt or BUILTIN_ATTRIBUTE_INSTRUCTION}\n\n"
+                      f"Question: {a.question}\n\n{listed}")
+            compiled.append((a.name, tuple(options), tuple(letters), system,
+                             a.target_variable))
+        spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
+                           default_context=DEFAULT_CONTEXT, default_max_tokens=1)
+        spec.sampling.update(max_tokens=1, temperature=0.0)
+        spec.extra.update(input=check_slot(name, p.input, ctx), attributes=tuple(compiled))
+        return spec
+
+    def model_names(self, node: Node, default_model: str) -> tuple[str, ...]:
+        return (node.spec.model,)
+
+    def prefix_args(self, agent, node: Node, formatter) -> dict:
+        x = node.spec.extra
+        return dict(system_prompt=x["attributes"][0][3], template_text="", placement=0,
+                    input_slot=x["input"], max_history=node.params.history_turns)
+
+    async def run(self, turn, node: Node) -> str:
+        p = node.params
+        x = node.spec.extra
+        empty = not turn.slot(x["input"]).strip()
+        results: dict[str, tuple[str, float]] = {}
+        table = {}
+        for name, options, letters, system, target in x["attributes"]:
+            if empty:
+                table[name] = {"resolved": False, "reason": "empty_message"}
+                continue
+            handle, _ = await turn.run_model(
+                node, node.spec, system_prompt=system, input_slot=x["input"],
+                max_history=p.history_turns,
+                score_tokens=lambda engine, letters=letters: letter_tokens(engine, letters,
+                                                                           node.name))
+            scores = handle.scores
+            if scores is None or len(scores) != len(options):
+                table[name] = {"resolved": False, "reason": "score_size_mismatch"}
+                continue
+            best = max(range(len(scores)), key=scores.__getitem__)
+            resolved = scores[best] >= p.threshold
+            table[name] = {"value": options[best] if resolved else None, "resolved": resolved,
+                           "scores": {f"{letter}:{opt}": round(sc, 4) for letter, opt, sc
+                                      in zip(letters, options, scores)}}
+            if resolved:
+                results[name] = (options[best], scores[best])
+                turn.attributes[name] = options[best]
+                if target:
+                    turn.agent.variables.apply([codec.VariableUpdate(
+                        name=target, op=codec.VariableOp.Assign,
+                        value=codec.VarString(value=options[best]))])
+        found = len(results) == len(x["attributes"])
+        turn.note(node, attributes=table)
+        if p.notify_client == Notify.Always or (found and p.notify_client == Notify.OnFound):
+            pairs = {}
+            for name, *_ in x["attributes"]:
+                value, prob = results.get(name, ("", 0.0))
+                pairs[name] = value
+                pairs[f"{name}.probability"] = f"{prob:.4f}"
+            turn.send_event(node.name, "attributes_classified", pairs)
+        return "found" if found else "not_found"
 
 
 def letter_tokens(engine, letters, node_name: str) -> list[int]:
