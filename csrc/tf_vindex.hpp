@@ -124,6 +124,8 @@ struct Index {
     bool get(std::uint64_t key, float* out) const { return index.get(key, out) == 1; }
 
     std::size_t size() const { return index.size(); }
+    std::size_t expansion_search() const { return index.expansion_search(); }
+    void set_expansion_search(std::size_t n) { index.change_expansion_search(n); }
     std::size_t memory() const { return index.memory_usage(); }
     bool is_cosine() const { return index.metric().metric_kind() == metric_kind_t::cos_k; }
     bool is_f32() const { return index.scalar_kind() == scalar_kind_t::f32_k; }

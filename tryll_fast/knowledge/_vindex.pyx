@@ -24,6 +24,8 @@ cdef extern from "tf_vindex.hpp" namespace "tf_vindex" nogil:
         cbool load(const char*)
         cbool get(uint64_t, float*)
         size_t size()
+        size_t expansion_search()
+        void set_expansion_search(size_t)
         size_t memory()
         cbool is_cosine()
         cbool is_f32()
@@ -54,6 +56,15 @@ cdef class VectorIndex:
 
     def __len__(self) -> int:
         return self._ix.size()
+
+    @property
+    def expansion_search(self) -> int:
+        """Candidates kept while walking the graph (USearch's `ef`): recall against time."""
+        return self._ix.expansion_search()
+
+    @expansion_search.setter
+    def expansion_search(self, size_t value):
+        self._ix.set_expansion_search(max(value, 1))
 
     @property
     def memory(self) -> int:
@@ -139,4 +150,5 @@ cdef class VectorIndex:
             raise IndexError_(out._ix.error.decode("utf-8", "replace"))
         if not out._ix.is_cosine() or not out._ix.is_f32():
             raise IndexError_("the file is not a cosine-distance float32 index")
+        out._ix.set_expansion_search(expansion_search)
         return out
