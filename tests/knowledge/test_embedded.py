@@ -16,7 +16,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode
 
 from flows import SMOL, canned, create, create_error, gen, graph, node, turn
-from wire import MODELS_DIR, Wire, start_server
+from wire import MODELS_DIR, start_server
 
 pytestmark = pytest.mark.model
 MINILM = "all-MiniLM-L6-v2"
@@ -105,19 +105,6 @@ def server(model_file, tmp_path_factory):
         "fields": [{"name": "intent", "type": "string", "default": ""}]}), "utf-8")
     yield srv
     srv.shutdown(10)
-
-
-@pytest.fixture
-def root(server) -> Path:
-    return Path(server.config.storage_root)
-
-
-@pytest.fixture
-def w(server):
-    wire = Wire(server.address, timeout=180)
-    wire.create_session(locale="en")
-    yield wire
-    wire.close()
 
 
 def make(w, name, **kw):

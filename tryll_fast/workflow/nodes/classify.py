@@ -54,6 +54,26 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")] if text.strip() else []
 
 
+def _scoring_spec(name: str, p, ctx: CompileContext, probabilities: tuple[str, ...]):
+    """The checks and the model spec the letter-scoring nodes share: probabilities in 0..1,
+    history_turns, notify_client; one token, greedy (the request reads the first position
+    only)."""
+    where = f"node {name!r}"
+    for field in probabilities:
+        v = getattr(p, field)
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise ctx.fail(where, f"{field} {v!r} must be between 0 and 1")
+    if p.history_turns < 0:
+        raise ctx.fail(where, f"history_turns {p.history_turns} is negative")
+    if p.notify_client not in {int(m) for m in Notify}:
+        raise ctx.fail(where, f"notify_client {int(p.notify_client)} is not a "
+                              "NotifyClient (0..2)")
+    spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
+                       default_context=DEFAULT_CONTEXT, default_max_tokens=1)
+    spec.sampling.update(max_tokens=1, temperature=0.0)
+    return spec
+
+
 class ClassifyIntentLLMNode(NodeType):
     kind = "ClassifyIntentLLM"
     params_cls = codec.ClassifyIntentLLMParams
@@ -77,22 +97,10 @@ class ClassifyIntentLLMNode(NodeType):
         if len(prompts) != len(ids):
             raise ctx.fail(where, f"intents_prompt has {len(prompts)} entries for "
                                   f"{len(ids)} intents_ids")
-        for field in ("threshold", "margin"):
-            v = getattr(p, field)
-            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
-                raise ctx.fail(where, f"{field} {v!r} must be between 0 and 1")
-        if p.history_turns < 0:
-            raise ctx.fail(where, f"history_turns {p.history_turns} is negative")
-        if p.notify_client not in {int(m) for m in Notify}:
-            raise ctx.fail(where, f"notify_client {int(p.notify_client)} is not a "
-                                  "NotifyClient (0..2)")
-        spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
-                           default_context=DEFAULT_CONTEXT, default_max_tokens=1)
+        spec = _scoring_spec(name, p, ctx, ("threshold", "margin"))
         letters = [chr(ord("A") + i) for i in range(len(ids))]
         options = "\n".join(f"{letter}. {text}" for letter, text in zip(letters, prompts))
         system = f"{p.system_prompt or BUILTIN_INSTRUCTION}\n\n{options}"
-        # one token, greedy: the scoring request reads the first position only
-        spec.sampling.update(max_tokens=1, temperature=0.0)
         spec.extra.update(input=check_slot(name, p.input, ctx), ids=tuple(ids),
                           letters=tuple(letters), system=system)
         return spec
@@ -160,13 +168,6 @@ class ClassifyAttributesLLMNode(NodeType):
             raise ctx.fail(where, "attributes is empty")
         if len(attrs) > MAX_ATTRIBUTES:
             raise ctx.fail(where, f"{len(attrs)} attributes; at most {MAX_ATTRIBUTES}")
-        if not (math.isfinite(p.threshold) and 0.0 <= p.threshold <= 1.0):
-            raise ctx.fail(where, f"threshold {p.threshold!r} must be between 0 and 1")
-        if p.history_turns < 0:
-            raise ctx.fail(where, f"history_turns {p.history_turns} is negative")
-        if p.notify_client not in {int(m) for m in Notify}:
-            raise ctx.fail(where, f"notify_client {int(p.notify_client)} is not a "
-                                  "NotifyClient (0..2)")
         compiled = []
         for i, a in enumerate(attrs):
             at = f"{where}: attributes[{i}]"
@@ -193,9 +194,7 @@ class ClassifyAttributesLLMNode(NodeType):
                       f"Question: {a.question}\n\n{listed}")
             compiled.append((a.name, tuple(options), tuple(letters), system,
                              a.target_variable))
-        spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
-                           default_context=DEFAULT_CONTEXT, default_max_tokens=1)
-        spec.sampling.update(max_tokens=1, temperature=0.0)
+        spec = _scoring_spec(name, p, ctx, ("threshold",))
         spec.extra.update(input=check_slot(name, p.input, ctx), attributes=tuple(compiled))
         return spec
 
