@@ -33,6 +33,7 @@ from tryll_fast.knowledge import paths as root_paths
 from tryll_fast.knowledge._vindex import IndexError_, VectorIndex
 from tryll_fast.knowledge.filters import Filter
 from tryll_fast.knowledge.metadata import Columns, Schema, bad
+from tryll_fast.knowledge.strings import check_name
 
 log = logging.getLogger("tryll_fast.knowledge")
 
@@ -48,8 +49,6 @@ MASK_CACHE = 32                 # filter masks kept per storage (filter, variabl
 # with a filter passing a fifth of them, 12 keeps recall@10 at 0.99 in 1.3 ms where 64
 # reaches 0.999 in 7 ms (benchmarks/test_retrieve_bench.py reports the recall every run)
 EXPANSION_SEARCH = 12
-# hybrid: each ranked list is this many times top_k long before fusion (at least 50)
-HYBRID_DEPTH = 4
 
 
 class Hit:
@@ -125,10 +124,6 @@ class EmbeddedStorage:
     def schema(self) -> Schema:
         return self.columns.schema
 
-    @property
-    def chars(self) -> int:
-        return sum(map(len, self.texts))
-
     def lexical(self) -> Lexical:
         with self._lock:
             if self._lexical is None:
@@ -188,15 +183,6 @@ class EmbeddedStorage:
 
 # ---- building
 
-def check_name(name: str) -> str:
-    if (not name or not name.strip() or name != name.strip() or len(name) > 128
-            or any(ord(c) < 32 for c in name)):
-        raise TryllError(ErrorCode.InvalidEmbeddedStringStorageName,
-                         f"name {name!r}: must be 1..128 characters, no control characters "
-                         "and no leading or trailing spaces")
-    return name
-
-
 def _check_texts(texts: Sequence[str], where: str) -> None:
     if not texts:
         raise bad(where, "no records")
@@ -248,12 +234,16 @@ def from_inline(name: str, strings: Sequence[str], model: str, metadata_json: Se
                            model, lease)
 
 
-def _read_json(file: Path, shown: str) -> Any:
+def _read_bytes(file: Path, shown: str) -> bytes:
     size = file.stat().st_size
     if size > MAX_FILE_BYTES:
         raise bad(shown, f"{size} bytes; at most {MAX_FILE_BYTES}")
+    return file.read_bytes()
+
+
+def _parse_json(raw: bytes, shown: str) -> Any:
     try:
-        return json.loads(file.read_bytes().decode("utf-8-sig"))
+        return json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
         raise bad(shown, "is not UTF-8") from None
     except ValueError as exc:
@@ -296,7 +286,7 @@ class Config:
     def __init__(self, root: Path, relative: str, what: str) -> None:
         self.file = root_paths.resolve(root, relative, suffixes=(".json",), what=what)
         self.relative = relative
-        data = _read_json(self.file, relative)
+        data = _parse_json(_read_bytes(self.file, relative), relative)
         if not isinstance(data, dict):
             raise bad(relative, "a KB config is a JSON object {version, embedding_model, "
                                 "records_file, index_file?, fields?}")
@@ -334,8 +324,8 @@ def from_config(name: str, config: Config, lease) -> EmbeddedStorage:
     """Path A: load the records, reuse the index file when it is fresh, else build and
     write it (a failed write is logged; the storage still works from memory)."""
     embedder = lease.obj
-    raw = config.records.read_bytes()
-    ids, texts, metas = _records(_read_json(config.records, config.records_relative),
+    raw = _read_bytes(config.records, config.records_relative)   # parsed and hashed once
+    ids, texts, metas = _records(_parse_json(raw, config.records_relative),
                                  config.records_relative)
     columns = Columns(config.schema, metas, f"{config.records_relative}")
     meta = {"format": INDEX_FORMAT, "model": config.model, "dim": int(embedder.dim),
@@ -458,7 +448,7 @@ class SessionEmbedded:
         self._other_names = other_names
 
     def create(self, req) -> EmbeddedStorage:
-        name = check_name(req.name)
+        name = check_name(req.name, ErrorCode.InvalidEmbeddedStringStorageName)
         if name in self.by_name:
             raise TryllError(ErrorCode.EmbeddedStringStorageAlreadyExists,
                              f"the session already has an embedded string storage named "

@@ -81,16 +81,15 @@ class StringStorage:
         return self._map
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, code: int = ErrorCode.InvalidStringStorageName) -> str:
+    """A storage name's rules (string and embedded storages alike; `code` is the kind's)."""
     if not name or not name.strip():
-        raise TryllError(ErrorCode.InvalidStringStorageName, "name is empty")
+        raise TryllError(code, "name is empty")
     if len(name) > MAX_NAME_CHARS:
-        raise TryllError(ErrorCode.InvalidStringStorageName,
-                         f"name has {len(name)} characters; at most {MAX_NAME_CHARS}")
+        raise TryllError(code, f"name has {len(name)} characters; at most {MAX_NAME_CHARS}")
     if name != name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise TryllError(ErrorCode.InvalidStringStorageName,
-                         f"name {name!r} has leading or trailing spaces or control "
-                         "characters")
+        raise TryllError(code, f"name {name!r} has leading or trailing spaces or control "
+                               "characters")
     return name
 
 
