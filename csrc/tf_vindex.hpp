@@ -42,9 +42,10 @@ struct Index {
         return true;
     }
 
-    // Adds rows [0, n) of `vectors` (n x dim, C order) under keys first_key + row,
-    // spread over `threads` workers.
-    bool add(std::uint64_t first_key, float const* vectors, std::size_t n, std::size_t threads) {
+    // Adds rows [0, n) of `vectors` (n x dim, C order) under keys[row], or first_key + row
+    // when keys is null, spread over `threads` workers.
+    bool add(std::uint64_t first_key, std::uint64_t const* keys, float const* vectors,
+             std::size_t n, std::size_t threads) {
         if (threads < 1) threads = 1;
         if (!index.try_reserve(index_limits_t(index.size() + n, threads))) {
             error = "out of memory reserving the index";
@@ -53,7 +54,8 @@ struct Index {
         std::vector<std::string> errors(threads);
         auto work = [&](std::size_t worker) {
             for (std::size_t row = worker; row < n; row += threads) {
-                auto added = index.add(first_key + row, vectors + row * dim, worker);
+                auto key = keys ? keys[row] : first_key + row;
+                auto added = index.add(key, vectors + row * dim, worker);
                 if (!added) {
                     errors[worker] = added.error.what();
                     added.error.release();

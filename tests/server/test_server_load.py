@@ -127,6 +127,7 @@ def test_abrupt_disconnect_mid_stream_frees_everything(server):
     assert session.owned() == {"operations": 0, "downloads": 0, "streams": 0, "turns": 0,
                                "agents": 0, "pins": 0, "voice_inputs": 0,
                                "string_storages": 0, "embedded_string_storages": 0,
+                               "mutable_kbs": 0,
                                "resume_callbacks": 0, "throttle": 0}
     assert sid not in server.sessions and server.throttle.effective == 0.0
     with Wire(server.address) as w2:

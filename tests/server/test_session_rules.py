@@ -6,7 +6,6 @@ import pytest
 
 from tryll_fast import PROTOCOL_VERSION, codec
 from tryll_fast.server.dispatch import CLIENT_MESSAGES, SERVER_MESSAGES, build_table
-from tryll_fast.server.handlers.pending import FEATURES
 from tryll_fast.errors import ErrorCode
 
 from wire import Wire, start_server, wait_for
@@ -259,17 +258,6 @@ def test_debug_commands_are_refused_without_dev(tmp_path):
             assert "--dev" in err.message
     finally:
         srv.shutdown(1)
-
-
-_PENDING = [(name, feature) for feature, names in FEATURES.items() for name in names]
-
-
-@pytest.mark.parametrize("name,feature", _PENDING, ids=[n for n, _ in _PENDING])
-def test_features_not_built_yet_answer_2007_naming_the_feature(session, name, feature):
-    cls = getattr(codec, name)
-    err = session.expect_error(cls(request_id=321), ErrorCode.FeatureNotAvailable)
-    assert err.request_id == 321
-    assert name in err.message and feature in err.message
 
 
 def test_audio_buffer_never_gets_a_reply(session):

@@ -11,13 +11,15 @@ without awaiting it. Callbacks run on the event loop. Use it from one event loop
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from tryll_fast import codec
 from tryll_fast.client.agents import AsyncAgent, GraphDescription, create_agent_call
 from tryll_fast.client._methods import AsyncMethods
 from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import TryllError
+from tryll_fast.client.memory import ensure_mutable_kb_call
+from tryll_fast.client.memory_handle import AsyncMutableKb
 from tryll_fast.client.voice_input import create_voice_input_call
 from tryll_fast.client.voice_input_handle import AsyncVoiceInputHandle
 from tryll_fast.client.sync import DEFAULT_TIMEOUT_S, RECV_BYTES
@@ -152,6 +154,21 @@ class AsyncTryllClient(AsyncMethods, ClientCore):
             maintain_dialogue_history=maintain_dialogue_history, workload=int(workload),
             kv_cache_initialization=int(kv_cache_initialization), voice=voice), timeout)
         return AsyncAgent(self, agent_id)
+
+    async def ensure_mutable_kb(self, name: str, *, schema_name: str = "",
+                          schema_version: int = 0, embedding_model: str = "",
+                          metadata_fields: Iterable[str] = (),
+                          timeout: float | None = None) -> AsyncMutableKb:
+        """Create or reuse the session's mutable knowledge base `name` (docs/knowledge.md):
+        reused when the schema (name, version, embedding model, metadata keys) is equal,
+        8102 when it differs. embedding_model "" = the catalog's default one."""
+        name, created = await self.wait(ensure_mutable_kb_call(
+            name, schema_name, schema_version, embedding_model, metadata_fields), timeout)
+        return AsyncMutableKb(self, name, created)
+
+    def mutable_kb(self, name: str) -> AsyncMutableKb:
+        """A handle on an existing store (after load_game_memory), without a request."""
+        return AsyncMutableKb(self, name)
 
     async def create_voice_input(self, model_name: str = "whisper-tiny.en", *,
                            sample_rate: int = 16000, channels: int = 1,

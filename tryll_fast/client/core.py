@@ -352,6 +352,38 @@ class Calls:
                                                                           name=name),
                     _none)
 
+    def enumerate_mutable_kbs(self) -> Call:
+        """The session's mutable knowledge bases: [(name, live record count)]."""
+        return Call("EnumerateMutableKbsRequest",
+                    lambda rid: codec.EnumerateMutableKbsRequest(request_id=rid),
+                    lambda reply: [(s.store_name, s.live_count) for s in reply.stores])
+
+    def import_mutable_kb(self, snapshot: bytes, store_name: str = "") -> Call:
+        """Import an exported store (replacing a same-named one); store_name renames it.
+        Returns (store_name, record_count, warnings)."""
+        return Call("ImportMutableKbRequest",
+                    lambda rid: codec.ImportMutableKbRequest(request_id=rid,
+                                                            snapshot=bytes(snapshot),
+                                                            store_name=store_name),
+                    lambda r: (r.store_name, r.record_count, list(r.warnings)))
+
+    def save_game_memory(self, save_id: str) -> Call:
+        """Write every mutable KB of the session to the game-memory file `save_id`
+        (atomically). Returns how many stores it holds."""
+        return Call("SaveGameMemoryRequest",
+                    lambda rid: codec.SaveGameMemoryRequest(request_id=rid, save_id=save_id),
+                    lambda reply: reply.store_count)
+
+    def load_game_memory(self, save_id: str, lazy: bool = False) -> Call:
+        """Replace the session's mutable KBs with the file's. lazy: records are embedded
+        when a store is first searched instead of before the reply. Returns (store_count,
+        warnings)."""
+        timing = codec.EmbedTiming.Lazy if lazy else codec.EmbedTiming.Now
+        return Call("LoadGameMemoryRequest",
+                    lambda rid: codec.LoadGameMemoryRequest(request_id=rid, save_id=save_id,
+                                                            embed_timing=timing),
+                    lambda reply: (reply.store_count, list(reply.warnings)))
+
     def get_memory_consumption(self) -> Call:
         """The server-wide memory snapshot (GetMemoryConsumptionResponse)."""
         return Call("GetMemoryConsumptionRequest",

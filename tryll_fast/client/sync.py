@@ -15,13 +15,15 @@ from __future__ import annotations
 import concurrent.futures
 import socket
 import threading
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from tryll_fast import codec
 from tryll_fast.client.agents import Agent, GraphDescription, create_agent_call
 from tryll_fast.client._methods import SyncMethods
 from tryll_fast.client.core import Call, ClientCore, check_ready
 from tryll_fast.client.errors import ReaderThreadError, TryllError
+from tryll_fast.client.memory import ensure_mutable_kb_call
+from tryll_fast.client.memory_handle import MutableKb
 from tryll_fast.client.voice_input import create_voice_input_call
 from tryll_fast.client.voice_input_handle import VoiceInputHandle
 from tryll_fast.errors import ErrorCode
@@ -179,6 +181,21 @@ class TryllClient(SyncMethods, ClientCore):
             maintain_dialogue_history=maintain_dialogue_history, workload=int(workload),
             kv_cache_initialization=int(kv_cache_initialization), voice=voice), timeout)
         return Agent(self, agent_id)
+
+    def ensure_mutable_kb(self, name: str, *, schema_name: str = "",
+                          schema_version: int = 0, embedding_model: str = "",
+                          metadata_fields: Iterable[str] = (),
+                          timeout: float | None = None) -> MutableKb:
+        """Create or reuse the session's mutable knowledge base `name` (docs/knowledge.md):
+        reused when the schema (name, version, embedding model, metadata keys) is equal,
+        8102 when it differs. embedding_model "" = the catalog's default one."""
+        name, created = self.wait(ensure_mutable_kb_call(
+            name, schema_name, schema_version, embedding_model, metadata_fields), timeout)
+        return MutableKb(self, name, created)
+
+    def mutable_kb(self, name: str) -> MutableKb:
+        """A handle on an existing store (after load_game_memory), without a request."""
+        return MutableKb(self, name)
 
     # ---- ClientCore futures ----
 

@@ -655,6 +655,23 @@ class PersistedDialogSnapshot(Table):
     exported_at_ms: int
     interactions: Sequence[PersistedInteraction]
     def __init__(self, *, format_version: Any = ..., graph_fingerprint: Any = ..., node_names: Any = ..., locale: Any = ..., exported_at_ms: Any = ..., interactions: Any = ...) -> None: ...
+class PersistedKbRecord(Table):
+    id: str
+    text: str
+    metadata_json: str
+    def __init__(self, *, id: Any = ..., text: Any = ..., metadata_json: Any = ...) -> None: ...
+class PersistedKb(Table):
+    format_version: int
+    store_name: str
+    schema_name: str
+    schema_version: int
+    embedding_model_name: str
+    metadata_fields: Sequence[str]
+    part: int
+    parts: int
+    records: Sequence[PersistedKbRecord]
+    written_at_ms: int
+    def __init__(self, *, format_version: Any = ..., store_name: Any = ..., schema_name: Any = ..., schema_version: Any = ..., embedding_model_name: Any = ..., metadata_fields: Any = ..., part: Any = ..., parts: Any = ..., records: Any = ..., written_at_ms: Any = ...) -> None: ...
 class EngineHint(Table):
     role: ModelRole
     engine: InferenceEngine

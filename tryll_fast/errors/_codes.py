@@ -83,6 +83,8 @@ class ErrorCode(IntEnum):
     InvalidEmbedTiming = 8107
     GameMemoryFileNotFound = 8108
     GameMemoryWriteFailed = 8109
+    InvalidMutableKbQuery = 8110
+    InvalidMutableKbSchema = 8111
 
 
 class ClientSideError(TryllError):
@@ -591,6 +593,18 @@ class GameMemoryWriteFailed(MutableKbError):
     code = ErrorCode.GameMemoryWriteFailed
 
 
+class InvalidMutableKbQuery(MutableKbError):
+    """8110: a query, list or filter request with a bad value (the field named)."""
+
+    code = ErrorCode.InvalidMutableKbQuery
+
+
+class InvalidMutableKbSchema(MutableKbError):
+    """8111: EnsureMutableKb with a schema this server cannot use (the field named)."""
+
+    code = ErrorCode.InvalidMutableKbSchema
+
+
 _BY_CODE = {
     1001: ConnectionFailed,
     1002: ConnectionDropped,
@@ -668,6 +682,8 @@ _BY_CODE = {
     8107: InvalidEmbedTiming,
     8108: GameMemoryFileNotFound,
     8109: GameMemoryWriteFailed,
+    8110: InvalidMutableKbQuery,
+    8111: InvalidMutableKbSchema,
 }
 
 FAMILIES = (ClientSideError, SessionError, AgentError, TurnError, VoiceInputError, ProtocolError, ModelError, DownloadError, StringStorageError, EmbeddedStorageError, MutableKbError,)
@@ -697,4 +713,5 @@ __all__ = [
     "MutableKbNotFound", "MutableKbSchemaMismatch", "InvalidMutableKbName",
     "InvalidMutableKbRecord", "MutableKbLimitExceeded", "InvalidMutableKbSnapshot",
     "InvalidEmbedTiming", "GameMemoryFileNotFound", "GameMemoryWriteFailed",
+    "InvalidMutableKbQuery", "InvalidMutableKbSchema",
 ]

@@ -18,7 +18,7 @@ cdef extern from "tf_vindex.hpp" namespace "tf_vindex" nogil:
         string error
         size_t dim
         cbool init(size_t, size_t, size_t, size_t)
-        cbool add(uint64_t, const float*, size_t, size_t)
+        cbool add(uint64_t, const uint64_t*, const float*, size_t, size_t)
         size_t search(const float*, size_t, const uint8_t*, size_t, uint64_t*, float*)
         cbool save(const char*)
         cbool load(const char*)
@@ -71,19 +71,27 @@ cdef class VectorIndex:
         """Bytes held by the graph and the vectors."""
         return self._ix.memory()
 
-    def add(self, vectors, size_t threads=1) -> None:
-        """Append rows: keys continue from len(self)."""
+    def add(self, vectors, size_t threads=1, keys=None) -> None:
+        """Add rows under `keys` (one unsigned key each, not in the index yet), or under
+        keys continuing from len(self) when keys is None."""
         cdef const float[:, ::1] v = np.ascontiguousarray(vectors, dtype=np.float32)
         if v.shape[1] != self._ix.dim:
             raise ValueError(f"vectors have {v.shape[1]} dimensions; the index has "
                              f"{self._ix.dim}")
         cdef size_t n = v.shape[0]
         cdef uint64_t first = self._ix.size()
+        cdef const uint64_t[::1] kv
+        cdef const uint64_t* kp = NULL
         cdef cbool ok = True
         if n == 0:
             return
+        if keys is not None:
+            kv = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+            if <size_t>kv.shape[0] != n:
+                raise ValueError(f"{kv.shape[0]} keys for {n} vectors")
+            kp = &kv[0]
         with nogil:
-            ok = self._ix.add(first, &v[0, 0], n, threads)
+            ok = self._ix.add(first, kp, &v[0, 0], n, threads)
         if not ok:
             raise IndexError_(self._ix.error.decode("utf-8", "replace"))
 

@@ -3,7 +3,7 @@
 A save_id is a file name, never a path: 1..128 characters of letters, digits, '_', '-' and
 '.', not starting with '.' (so it cannot name a hidden file, our temporary files, '.' or
 '..'); anything else is 3017 InvalidSaveId. Dialogs live at
-`<storage_root>/dialogs/<save_id>.tdlg`.
+`<storage_root>/dialogs/<save_id>.tdlg`, game memory at `<storage_root>/memory/<save_id>.tgmf`.
 
 Writes are atomic: the bytes go to a temporary file next to the target, are fsynced, and
 replace the target with one rename (then the directory is fsynced), so a crash or kill at
@@ -45,6 +45,11 @@ def dialog_path(root: Path, save_id: str) -> Path:
     return Path(root) / "dialogs" / f"{check_save_id(save_id)}.tdlg"
 
 
+def memory_path(root: Path, save_id: str) -> Path:
+    """A game-memory file (SaveGameMemory / LoadGameMemory)."""
+    return Path(root) / "memory" / f"{check_save_id(save_id)}.tgmf"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -73,8 +78,10 @@ def _remove_stale(path: Path) -> None:
                 pass
 
 
-def write_atomic(path: Path, data: bytes, what: str) -> None:
-    """Replace `path` with `data` atomically; 3022 DialogWriteFailed on any OS error."""
+def write_atomic(path: Path, data: bytes, what: str,
+                 code: int = ErrorCode.DialogWriteFailed) -> None:
+    """Replace `path` with `data` atomically; `code` (3022 DialogWriteFailed for dialogs)
+    on any OS error."""
     tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,26 +105,28 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise TryllError(ErrorCode.DialogWriteFailed,
+        raise TryllError(code,
                          f"{what}: cannot write {path}: {exc.strerror or exc}") from None
 
 
-def read_limited(path: Path, limit: int, what: str) -> bytes:
-    """The file's bytes; 3018 when there is none, 3021 when it is over `limit`."""
+def read_limited(path: Path, limit: int, what: str,
+                 missing: int = ErrorCode.DialogFileNotFound,
+                 too_large: int = ErrorCode.DialogSnapshotTooLarge) -> bytes:
+    """The file's bytes; `missing` (3018 for dialogs) when there is none, `too_large`
+    (3021) when it is over `limit`."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
-                raise TryllError(ErrorCode.DialogSnapshotTooLarge,
+                raise TryllError(too_large,
                                  f"{what}: {path} has {size} bytes; at most {limit}")
             return f.read(limit + 1)
     except FileNotFoundError:
-        raise TryllError(ErrorCode.DialogFileNotFound,
+        raise TryllError(missing,
                          f"{what}: no file {path} (nothing was saved under that save_id)"
                          ) from None
     except IsADirectoryError:
-        raise TryllError(ErrorCode.DialogFileNotFound,
-                         f"{what}: {path} is a directory, not a saved dialog") from None
+        raise TryllError(missing, f"{what}: {path} is a directory, not a saved file") from None
     except OSError as exc:
         raise TryllError(ErrorCode.DialogFileNotFound,
                          f"{what}: cannot read {path}: {exc.strerror or exc}") from None

@@ -287,6 +287,7 @@ class Server:
             self.destroy_voice_input(session, handle)
         session.strings.clear()
         session.embedded.clear()
+        session.memory.clear()
         for op in ops:
             op.cancel()
         if session.throttle is not None:

@@ -22,6 +22,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.knowledge import SessionStorages
 from tryll_fast.knowledge.embedded import SessionEmbedded
+from tryll_fast.knowledge.mutable import SessionMemory
 from tryll_fast.server.logs import fields
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Session:
                                        other_names=lambda: self.embedded.by_name)
         self.embedded = SessionEmbedded(server.store_files, server.models,
                                         other_names=lambda: self.strings.by_name)
+        self.memory = SessionMemory(server.models)   # mutable knowledge bases
         self.operations: set[Operation] = set()
         self._lock = threading.Lock()
         # callback -> how many registrations want it (one engine serves many turns)
@@ -305,6 +307,7 @@ class Session:
                 "voice_inputs": len(self.voice_inputs),
                 "string_storages": len(self.strings.by_name),
                 "embedded_string_storages": len(self.embedded.by_name),
+                "mutable_kbs": len(self.memory.stores),
                 "resume_callbacks": len(self._resume_callbacks),
                 "throttle": int(self.throttle is not None)}
 

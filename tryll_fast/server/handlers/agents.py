@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from tryll_fast import codec
+from tryll_fast.knowledge.mutable import KbRef
 from tryll_fast.models import ModelError
 from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
@@ -255,8 +256,13 @@ def strings_resolver(session, linked: dict, code: int):
 
 
 def embedded_resolver(session, linked: dict, code: int):
-    """A node's embedded_string_storage, linked into the agent like string storages."""
+    """A node's embedded_string_storage, linked into the agent like string storages; a
+    name that is no embedded storage but a mutable KB of the session is a reference to
+    that store by name (looked up at every search: the game keeps writing it)."""
     def resolve(ref: str, where: str):
+        if (("embedded", ref) not in linked and ref not in session.embedded.by_name
+                and ref in session.memory.stores):
+            return KbRef(session.memory, ref)
         return session.embedded.resolve(ref, where, code, linked)
     return resolve
 

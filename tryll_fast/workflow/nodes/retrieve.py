@@ -15,7 +15,10 @@ ClassifyIntent takes the nearest record (filter applied) and, when it is within
 the turn's intent (IntentToInstruction reads it); nothing is rendered into the prompt.
 
 Both run the embedding and the search on the runtime's worker threads, never on the
-orchestrator's loop.
+orchestrator's loop. Both read a session's mutable KB the same way when the storage name
+names one (knowledge/mutable.py): the store is looked up by name on every search, so what
+the game wrote before the turn is found, and its filter is compiled against the fields its
+records carry by then.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import re
 
 from tryll_fast import codec
 from tryll_fast.knowledge.filters import FilterError, compile_filter
+from tryll_fast.knowledge.mutable import KbRef
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 
 Mode = codec.RetrievalMode
@@ -36,10 +40,29 @@ SOURCE_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 
 def _filter(name: str, storage, text: str, ctx: CompileContext):
+    """The compiled filter; for a mutable KB, checked against the fields known now and
+    compiled again at each search (its records' fields can change)."""
     try:
+        if isinstance(storage, KbRef):
+            kb = storage.current()
+            if kb is not None:
+                compile_filter(text, kb.filter_schema(text), ctx.variables.kind)
+            return None
         return compile_filter(text, storage.schema, ctx.variables.kind)
     except FilterError as exc:
         raise ctx.fail(f"node {name!r}", f"filter {exc}") from None
+
+
+def _searchable(storage, flt, text: str, variables):
+    """(what to search, its filter): an embedded storage as compiled, or a view of the
+    mutable KB as it is now (None when the session no longer has it)."""
+    if not isinstance(storage, KbRef):
+        return storage, flt
+    kb = storage.current()
+    if kb is None:
+        return None, None
+    view = kb.view()
+    return view, kb.compile_filter(text, variables.kind, view)
 
 
 def _threshold(name: str, value: float, ctx: CompileContext) -> float:
@@ -78,42 +101,24 @@ class RetrieveNode(NodeType):
 
     async def run(self, turn, node: Node) -> str:
         p = node.params
-        storage, flt, source = node.spec
+        ref, flt, source = node.spec
         query = turn.user_text
         if not query.strip():
             turn.note(node, source=source, query="", result_count=0)
             return "not_found"
         variables = turn.agent.variables
-        mode = p.retrieval_mode
 
         def search():
-            allow = storage.allowed(flt, variables)
-            if mode == Mode.Lexical:
-                lex = storage.lexical_search(query, p.top_k, allow)
-                best = lex[0][1] if lex else 1.0
-                return [(row, 1.0 - score / best) for row, score in lex], len(lex)
-            vec = storage.embed_query(query)
-            if mode == Mode.Vector:
-                hits = storage.vector_search(vec, p.top_k, allow, 0.0)
-                kept = [(h.row, h.distance) for h in hits
-                        if p.threshold <= 0 or h.distance <= p.threshold]
-                return kept, len(hits)
-            depth = max(p.top_k * HYBRID_DEPTH, 50)
-            hits = storage.vector_search(vec, depth, allow, p.threshold)
-            lex = storage.lexical_search(query, depth, allow)
-            fused: dict[int, float] = {}
-            for rank, h in enumerate(hits, 1):
-                fused[h.row] = fused.get(h.row, 0.0) + 1.0 / (p.rrf_k + rank)
-            for rank, (row, _) in enumerate(lex, 1):
-                fused[row] = fused.get(row, 0.0) + 1.0 / (p.rrf_k + rank)
-            order = sorted(fused, key=lambda r: (-fused[r], r))[:p.top_k]
-            dist = {h.row: h.distance for h in hits}
-            missing = [r for r in order if r not in dist]
-            for r, d in zip(missing, storage.distances(vec, missing)):
-                dist[r] = float(d)
-            return [(r, dist[r]) for r in order], len(hits) + len(lex)
+            storage, compiled = _searchable(ref, flt, p.filter, variables)
+            if storage is None:
+                return None, [], 0
+            return (storage, *_retrieve(storage, compiled, p, query, variables))
 
-        kept, raw_count = await _off_loop(turn, search)
+        storage, kept, raw_count = await _off_loop(turn, search)
+        if storage is None:
+            turn.note(node, source=source, query=query, result_count=0,
+                      missing_store=ref.name)
+            return "not_found"
         chunks = [{"id": storage.ids[row], "text": storage.texts[row],
                    "distance": round(float(d), 4), "rank": i + 1,
                    "metadata": storage.columns.record(row)}
@@ -121,10 +126,40 @@ class RetrieveNode(NodeType):
         turn.add_knowledge(node, source, query, chunks)
         turn.note(node, source=source, query=query, top_k=p.top_k,
                   threshold=p.threshold if p.threshold > 0 else "inf",
-                  mode=Mode(mode).name, raw_result_count=raw_count,
-                  result_count=len(chunks), filter=flt.text if flt else "",
+                  mode=Mode(p.retrieval_mode).name, raw_result_count=raw_count,
+                  result_count=len(chunks), filter=p.filter or "",
                   results=[{"id": c["id"], "distance": c["distance"]} for c in chunks])
         return "found" if chunks else "not_found"
+
+
+def _retrieve(storage, flt, p, query: str, variables) -> tuple[list, int]:
+    """[(row, distance)] best first, and how many hits the searches returned."""
+    allow = storage.allowed(flt, variables)
+    mode = p.retrieval_mode
+    if mode == Mode.Lexical:
+        lex = storage.lexical_search(query, p.top_k, allow)
+        best = lex[0][1] if lex else 1.0
+        return [(row, 1.0 - score / best) for row, score in lex], len(lex)
+    vec = storage.embed_query(query)
+    if mode == Mode.Vector:
+        hits = storage.vector_search(vec, p.top_k, allow, 0.0)
+        kept = [(h.row, h.distance) for h in hits
+                if p.threshold <= 0 or h.distance <= p.threshold]
+        return kept, len(hits)
+    depth = max(p.top_k * HYBRID_DEPTH, 50)
+    hits = storage.vector_search(vec, depth, allow, p.threshold)
+    lex = storage.lexical_search(query, depth, allow)
+    fused: dict[int, float] = {}
+    for rank, h in enumerate(hits, 1):
+        fused[h.row] = fused.get(h.row, 0.0) + 1.0 / (p.rrf_k + rank)
+    for rank, (row, _) in enumerate(lex, 1):
+        fused[row] = fused.get(row, 0.0) + 1.0 / (p.rrf_k + rank)
+    order = sorted(fused, key=lambda r: (-fused[r], r))[:p.top_k]
+    dist = {h.row: h.distance for h in hits}
+    missing = [r for r in order if r not in dist]
+    for r, d in zip(missing, storage.distances(vec, missing)):
+        dist[r] = float(d)
+    return [(r, dist[r]) for r in order], len(hits) + len(lex)
 
 
 class ClassifyIntentNode(NodeType):
@@ -136,8 +171,8 @@ class ClassifyIntentNode(NodeType):
         where = f"node {name!r}"
         storage = ctx.embedded(p.embedded_string_storage, where)
         field_name = p.metadata_field or "intent"
-        field = storage.schema.by_name.get(field_name)
-        if field is None or field.type != "string":
+        field = None if isinstance(storage, KbRef) else storage.schema.by_name.get(field_name)
+        if not isinstance(storage, KbRef) and (field is None or field.type != "string"):
             raise ctx.fail(where, f"metadata_field {field_name!r} is not a string field of "
                                   f"storage {storage.name!r} (its fields: "
                                   f"{', '.join(f.name for f in storage.schema.fields) or 'none'})")
@@ -152,19 +187,26 @@ class ClassifyIntentNode(NodeType):
 
     async def run(self, turn, node: Node) -> str:
         p = node.params
-        storage, flt, field_name = node.spec
+        ref, flt, field_name = node.spec
         query = turn.user_text
         if not query.strip():
             return self._not_found(turn, node, "empty_message", None, [])
         variables = turn.agent.variables
 
         def search():
-            allow = storage.allowed(flt, variables)
-            return storage.vector_search(storage.embed_query(query), p.diagnostic_topk,
-                                         allow, 0.0)
+            storage, compiled = _searchable(ref, flt, p.filter, variables)
+            if storage is None:
+                return None, []
+            allow = storage.allowed(compiled, variables)
+            return storage, storage.vector_search(storage.embed_query(query),
+                                                  p.diagnostic_topk, allow, 0.0)
 
-        hits = await _off_loop(turn, search)
-        col = storage.columns.by_name[field_name]
+        storage, hits = await _off_loop(turn, search)
+        if storage is None:
+            return self._not_found(turn, node, "no_store", None, [])
+        col = storage.columns.by_name.get(field_name)
+        if col is None or col.field.type != "string":
+            return self._not_found(turn, node, "no_label_field", None, [])
         table = [{"id": storage.ids[h.row], "distance": round(h.distance, 4),
                   "intent": col.value(h.row)} for h in hits]
         if not hits:
