@@ -4,13 +4,14 @@ wrote, a character that remembers the player's name across a server restart, and
 that are missing, truncated or corrupt changing nothing."""
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from tryll_fast import codec
-from tryll_fast.client import GraphDescription, KbRecord, TryllClient
+from tryll_fast.client import AsyncTryllClient, GraphDescription, KbRecord, TryllClient
 from tryll_fast.errors import ErrorCode
 
 from flows import SMOL, canned, create, create_error, gen, graph, node, turn
@@ -305,3 +306,21 @@ def test_a_character_remembers_the_player_across_a_restart(server_dir, model_fil
             assert "Aldric" in result.texts["answer"], result.texts
     finally:
         srv.shutdown(10)
+
+
+def test_the_asyncio_client_has_the_same_handle(server):
+    async def main():
+        host, port = server.address
+        async with AsyncTryllClient(host, port, timeout=60) as c:
+            await c.create_session()
+            kb = await c.ensure_mutable_kb("async_notes")
+            assert kb.created
+            out = await kb.write(["The ferry leaves at noon.", "The ferry costs a copper."])
+            assert [o.status for o in out] == [S.Inserted, S.Inserted]
+            hits = await kb.query("When does the ferry leave?", top_k=1)
+            assert hits[0].text == "The ferry leaves at noon."
+            assert len([r async for r in kb.records(page_size=1)]) == 2
+            assert await c.save_game_memory("async-slot") == 1
+            assert await c.load_game_memory("async-slot") == (1, [])
+            assert (await kb.stats())["live"] == 2
+    asyncio.run(main())

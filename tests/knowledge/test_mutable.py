@@ -289,3 +289,20 @@ def test_kill_9_during_saves_leaves_the_old_or_the_new_file_whole(tmp_path):
         store, = M.parse_file(path.read_bytes(), "slot")
         assert len(store.records) == 3000
         assert len({r.text for r in store.records}) == 1
+
+
+def test_views_serve_lexical_search_and_stay_consistent_under_writes(kb):
+    view = kb.view()
+    rows = view.lexical_search("Pebble the cat", 5, None)
+    assert [view.ids[r] for r, _ in rows][0] == "pet"
+    kb.write([rec("pet", "The player's cat Pebble ran away.", FACTS[2][2])])
+    kb.delete(["inn"])
+    # the old view still answers from the rows it saw; a new view sees the change
+    assert [view.ids[r] for r, _ in view.lexical_search("Pebble", 5, None)] == ["pet"]
+    assert view.texts[rows[0][0]] == FACTS[2][1]
+    fresh = kb.view()
+    assert fresh is not view and len(fresh) == len(FACTS) - 1
+    hit = fresh.lexical_search("Pebble", 5, None)[0][0]
+    assert fresh.texts[hit] == "The player's cat Pebble ran away."
+    d = fresh.distances(fresh.embed_query("cat"), [hit])
+    assert 0.0 < float(d[0]) < 1.0

@@ -255,6 +255,9 @@ class MutableKb:
         self._ef = expansion_search
         self._lock = threading.RLock()
         self._embed_lock = threading.Lock()     # one pending-embedding pass at a time
+        # one write at a time from planning to applying (the lane and WriteToMemory's
+        # workers both write), so each result says what that write did
+        self._write_lock = threading.Lock()
         self.version = 0
         self._reset()
         if lease is not None:
@@ -330,6 +333,10 @@ class MutableKb:
         if len(records) > MAX_WRITE_RECORDS:
             raise _bad_record(where, f"{len(records)} records; at most {MAX_WRITE_RECORDS} "
                                      "per write")
+        with self._write_lock:
+            return self._write(records, where)
+
+    def _write(self, records: Sequence[Any], where: str) -> list[WriteResult]:
         results: list[WriteResult] = []
         accepted: list[tuple[int, Record, dict]] = []
         with self._lock:
@@ -436,7 +443,7 @@ class MutableKb:
 
     def delete(self, ids: Iterable[str]) -> int:
         n = 0
-        with self._lock:
+        with self._write_lock, self._lock:
             for rid in ids:
                 row = self._row_of.pop(rid, None)
                 if row is None:
@@ -449,7 +456,7 @@ class MutableKb:
         return n
 
     def clear(self) -> int:
-        with self._lock:
+        with self._write_lock, self._lock:
             n = len(self._row_of)
             self._reset()
             self.version += 1
