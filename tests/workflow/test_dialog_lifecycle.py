@@ -194,6 +194,27 @@ def test_export_import_continues_the_conversation_identically(w):
     assert texts(fa) and texts(fb)
 
 
+def test_template_messages_survive_export_and_import(w):
+    """The node's template message of each turn travels as an instruction named
+    template:<where> with its role; an imported dialog projects exactly as the original."""
+    templated = graph(node("answer", gen(max_tokens=8, template="Today: {{user_message}}",
+                                         placement=codec.Placement.AfterUserAsSystem)))
+    a = create(w, templated, enable_diagnostics=True)
+    turn(w, a, "Hello! I am Kaelen.")
+    data = export(w, a)
+    comps = snap(data)["interactions"][0]["components"]
+    kept = [c for c in comps if kind(c) == "PersistedInstruction"]
+    assert [body(c) for c in kept] == [{"name": "template:after",
+                                        "text": "Today: Hello! I am Kaelen."}]
+    assert kept[0]["history_role"] == codec.PersistedHistoryRole.System
+    b = create(w, templated, enable_diagnostics=True)
+    assert isinstance(do_import(w, b, data), codec.ImportDialogResponse)
+    assert dialog_of(export(w, b)) == dialog_of(data)
+    fa, fb = turn(w, a, "Any bread?"), turn(w, b, "Any bread?")
+    assert prompt_of(fa)["prompt"] == prompt_of(fb)["prompt"]
+    assert "<|im_start|>system\nToday: Hello! I am Kaelen.<|im_end|>" in prompt_of(fa)["prompt"]
+
+
 @pytest.mark.model
 def test_tool_calls_survive_export_and_import(w):
     tools = [codec.ToolDefinition(name="open_door", description="Open a door.",

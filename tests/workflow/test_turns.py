@@ -188,9 +188,30 @@ def test_in_place_of_user_template_can_quote_the_player(w):
                  enable_diagnostics=True)
     prompt = debug(turn(w, aid, "Hi"))["nodes"][0]["prompt"]
     assert prompt.endswith("<|im_start|>user\nThe traveller says: Hi<|im_end|>\n" + END)
-    # the dialog keeps the player's own words for the next turn
+    # the next turn shows the earlier one as the node sent it (its template in place)
     prompt = debug(turn(w, aid, "Bye"))["nodes"][0]["prompt"]
-    assert "<|im_start|>user\nHi<|im_end|>" in prompt, prompt
+    assert "<|im_start|>user\nThe traveller says: Hi<|im_end|>" in prompt, prompt
+    assert prompt.endswith("<|im_start|>user\nThe traveller says: Bye<|im_end|>\n" + END)
+
+
+@pytest.mark.parametrize("placement", [P.BeforeUserAsSystem, P.AfterUserAsUser,
+                                       P.InPlaceOfUser])
+def test_each_prompt_extends_the_last_when_the_template_changes_every_turn(w, placement):
+    """A template that differs every turn (here the turn's own words, as Retrieve's
+    knowledge would) stays in the history where it stood, so each prompt starts with the
+    previous prompt and its reply, and the engine decodes only the new turn."""
+    aid = create(w, graph(node("answer", gen(template="Note: {{user_message}} is new.",
+                                             placement=placement, max_tokens=6))),
+                 enable_diagnostics=True)
+    before = None
+    for text in ("Good morning!", "Any bread left?", "Thanks, bye."):
+        frames = turn(w, aid, text)
+        node_diag = debug(frames)["nodes"][0]
+        prompt = node_diag["prompt"]
+        if before is not None:
+            assert prompt.startswith(before[0] + before[1]), (before, prompt)
+            assert node_diag["tokens"]["cached"] >= before[2]
+        before = (prompt, texts(frames), node_diag["prompt_tokens"])
 
 
 def test_frames_of_a_turn_carry_its_request_id_and_agent_id(w):

@@ -207,7 +207,7 @@ class Agent:
     def projection(self, node_name: str, engine, formatter) -> Projection:
         p = self.projections.get(node_name)
         if p is None or p.engine is not engine:
-            p = self.projections[node_name] = Projection(engine, formatter)
+            p = self.projections[node_name] = Projection(engine, formatter, node_name)
         return p
 
     def node_state(self, node_name: str) -> dict:

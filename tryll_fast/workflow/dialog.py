@@ -6,8 +6,13 @@ A component is one thing a turn produced or received: the player's message (slot
 result that answers it (linked by call_id; `extra` holds call_id, disposition, state and
 whether the pair is projected into later prompts). The kinds and roles map one to one onto
 the TDLG snapshot (schema/dialog.fbs, workflow/snapshot.py), so export keeps full
-fidelity; "knowledge" and "summary" components arrive only from imported snapshots (this
-build has no Retrieve or Summarize node) and are kept for the next export.
+fidelity.
+
+A "template" component is the message a language-model node's template made of this turn
+(placed before or after the player's words, or in their place; `extra["where"]`), so later
+prompts of the same node show the turn as it saw it: each new prompt then extends the
+previous one, and the KV cache keeps the earlier exchange instead of decoding it again
+(docs/workflow.md, "Templates in the history").
 
 Projection (projection.py) turns interactions into chat messages (`messages()`): the user
 message, then assistant replies joined into one assistant message (templates that insist
@@ -31,7 +36,7 @@ def now_ms() -> int:
 @dataclass
 class Component:
     kind: str                 # "user" | "assistant" | "instruction" | "tool_call" | "tool_result"
-    #                           | "knowledge" | "summary"
+    #                           | "knowledge" | "summary" | "template"
     slot: str                 # USER_SLOT, or the producing node's name
     text: str                 # a call's arguments_json, a result's text
     node_name: str = ""
@@ -73,17 +78,33 @@ class Interaction:
         self.components.append(component)
         return component
 
-    def messages(self, *, user_content: str | None = None,
-                 skip_slot: str | None = None) -> list[dict[str, Any]]:
+    def template_of(self, node_name: str) -> Component | None:
+        for c in reversed(self.components):
+            if c.kind == "template" and c.node_name == node_name:
+                return c
+        return None
+
+    def messages(self, *, user_content: str | None = None, skip_slot: str | None = None,
+                 template_of: str | None = None) -> list[dict[str, Any]]:
         """This interaction as chat messages. user_content replaces the player's message
         (the current turn's rendered user turn); skip_slot leaves out that node's reply
-        (it is the user turn already)."""
+        (it is the user turn already); template_of puts that node's template message
+        where it stood. Messages the player did not write carry "_verbatim": True."""
         msgs: list[dict[str, Any]] = []
         cur: dict[str, Any] | None = None
+        t = self.template_of(template_of) if template_of else None
+        where = t.extra.get("where") if t is not None else None
         for c in self.components:
             if c.kind == "user":
                 text = c.text if user_content is None else user_content
-                msgs.append({"role": "user", "content": text})
+                if where == "before":
+                    msgs.append({"role": t.role, "content": t.text, "_verbatim": True})
+                if where == "instead":
+                    msgs.append({"role": "user", "content": t.text, "_verbatim": True})
+                else:
+                    msgs.append({"role": "user", "content": text})
+                if where == "after":
+                    msgs.append({"role": t.role, "content": t.text, "_verbatim": True})
                 cur = None
             elif c.kind == "assistant":
                 if not c.text or c.slot == skip_slot:

@@ -175,9 +175,10 @@ class PromptTokenizer:
 class Projection:
     """Per agent x node; rebuilt from scratch when the dialog was edited."""
 
-    def __init__(self, engine, formatter) -> None:
+    def __init__(self, engine, formatter, node_name: str = "") -> None:
         self.engine = engine
         self.formatter = formatter
+        self.node_name = node_name
         self.window_start = 0           # id of the oldest interaction still projected
         self.dialog_version = -1
         self._prefix_key: tuple | None = None
@@ -235,8 +236,10 @@ class Projection:
         def render(start: int) -> tuple[str, list[int]]:
             msgs = list(head)
             for inter in history[start:]:
-                for m in inter.messages():
-                    if m["role"] == "user":
+                for m in inter.messages(template_of=self.node_name or None):
+                    if m.pop("_verbatim", False):
+                        pass                # the node's own template, as it was sent
+                    elif m["role"] == "user":
                         m["content"] = neutralize(model, m["content"])
                     msgs.append(m)
             msgs += tail

@@ -27,6 +27,10 @@ FORMAT_VERSION = 1
 # A snapshot must fit in one frame (ExportDialogResponse carries it); files keep the cap
 # so a saved dialog can always be exported again.
 MAX_SNAPSHOT_BYTES = 1 << 20
+# A node's template message kept for its later prompts travels as an instruction named
+# template:before / :after / :instead with the role it had (dialog.py).
+TEMPLATE_PREFIX = "template:"
+TEMPLATE_WHERE = ("before", "after", "instead")
 
 Role = codec.PersistedHistoryRole
 Producer = codec.PersistedProducer
@@ -75,6 +79,8 @@ def _body(c: Component):
         return codec.PersistedToolResult(call_id=x["call_id"], tool_name=c.name, result=c.text)
     if c.kind == "instruction":
         return codec.PersistedInstruction(name=c.name, text=c.text)
+    if c.kind == "template":        # an instruction the history shows (dialog.py)
+        return codec.PersistedInstruction(name=f"{TEMPLATE_PREFIX}{x['where']}", text=c.text)
     if c.kind == "knowledge":
         return codec.PersistedKnowledge(
             source=c.name, query=c.text,
@@ -180,6 +186,9 @@ def _read_component(pc, where: str, calls: dict, results: set) -> Component:
         return Component(kind="tool_result", text=b.result, name=b.tool_name,
                          extra={"call_id": b.call_id, "projected": role != "hidden"}, **common)
     if t == Body.PersistedInstruction:
+        where = b.name[len(TEMPLATE_PREFIX):] if b.name.startswith(TEMPLATE_PREFIX) else ""
+        if where in TEMPLATE_WHERE and role in ("user", "system") and pc.node_name:
+            return Component(kind="template", text=b.text, extra={"where": where}, **common)
         return Component(kind="instruction", text=b.text, name=b.name, **common)
     if t == Body.PersistedKnowledge:
         entries = [{"id": e.id, "text": e.text, "metadata_json": e.metadata_json,

@@ -46,6 +46,13 @@ log = logging.getLogger("tryll_fast.workflow")
 
 Status = codec.TurnStatus
 Send = codec.SendMode
+_P = codec.Placement
+# where a node's template message stood in its prompt, and in which role (dialog.py)
+_TEMPLATE_PLACE = {_P.BeforeUserAsUser: ("before", "user"),
+                   _P.BeforeUserAsSystem: ("before", "system"),
+                   _P.AfterUserAsUser: ("after", "user"),
+                   _P.AfterUserAsSystem: ("after", "system"),
+                   _P.InPlaceOfUser: ("instead", "user")}
 
 
 class TurnFailure(Exception):
@@ -308,6 +315,18 @@ class Turn:
             self.send_whole(node.name, text)
         return text
 
+    def _keep_template(self, node, template_text: str, placement: int) -> None:
+        """The node's template message of this turn, for its later prompts (dialog.py)."""
+        inter = self.interaction
+        inter.components = [c for c in inter.components
+                            if not (c.kind == "template" and c.node_name == node.name)]
+        where = _TEMPLATE_PLACE.get(placement)
+        if where is None or not template_text:
+            return
+        inter.add(Component(kind="template", slot=node.name, node_name=node.name,
+                            text=template_text, role=where[1], producer="node",
+                            extra={"where": where[0]}))
+
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
                         tool_mode: str = "", grammar=None, on_text=None,
@@ -332,6 +351,7 @@ class Turn:
                                   n_ctx=spec.n_ctx, reserve=spec.max_tokens, tools=toolset,
                                   tool_mode=tool_mode, max_history=max_history)
         self._mark("projected")
+        self._keep_template(node, template_text, placement)
         stop = spec.stop if spec.stop is not None else tuple(
             dict.fromkeys(formatter.stop_strings + spec.extra["catalog_stop"]))
         extra = {}
