@@ -13,3 +13,7 @@ it drives with the protocol's own requests (CreateSession, CreateAgent, SendMess
 UpdateAgentVariables) and whose frames it turns into elements. So both front doors share
 the agents, the engines, the workflow and the voice, and their rules.
 """
+from tryll_fast.gateway.app import Gateway
+from tryll_fast.gateway.config import PipelineConfig, load_pipeline_config
+
+__all__ = ["Gateway", "PipelineConfig", "load_pipeline_config"]
