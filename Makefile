@@ -4,7 +4,8 @@
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make fuzz    a longer atheris campaign on the codec
 #   make gen     regenerate checked-in code from schema/
-#   make serve   install, fetch the default models, serve on 127.0.0.1:9100
+#   make serve   install, fetch the default models, serve on 127.0.0.1:9100 (TCP) and
+#                127.0.0.1:9101 (the pipeline: WebSocket /pipeline, Socket.IO, the example agents)
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -17,6 +18,8 @@ FUZZ_RUNS ?= 2000000
 # make serve: where models are fetched (shared with the tests' build/models) and extra flags
 MODELS_DIR ?= build/models
 SERVE_ARGS ?=
+# make serve: the pipeline transport's agents (ws://127.0.0.1:9101/pipeline?agent=innkeeper)
+PIPELINE_CONFIG ?= tryll_fast/gateway/example.toml
 PYTEST_ARGS ?=
 
 # llama-cpp-python compiles llama.cpp with -march=native. On a CPU that advertises AMX this
@@ -126,7 +129,8 @@ profile-build: $(PY)
 
 serve: install
 	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR)
-	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) $(SERVE_ARGS)
+	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) \
+		--pipeline-config $(PIPELINE_CONFIG) $(SERVE_ARGS)
 
 clean:
 	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info

@@ -1,6 +1,6 @@
-"""The layers, checked on the source: the workflow, the server and the model manager depend
-on the engine roles (tryll_fast/engines/roles.py, registry.py), never on an engine package;
-one error base; agent state assigned only by the agent."""
+"""The layers, checked on the source: the workflow, the server, the gateway and the model
+manager depend on the engine roles (tryll_fast/engines/roles.py, registry.py), never on an
+engine package; one error base; agent state assigned only by the agent."""
 import ast
 import pathlib
 import re
@@ -31,7 +31,7 @@ def imports(path: pathlib.Path) -> set[str]:
 
 
 LAYERED = sorted(p for sub in ("workflow", "server", "client", "prompting", "voice_input",
-                                         "knowledge")
+                                         "knowledge", "gateway")
                  for p in (PKG / sub).rglob("*.py")) + [PKG / "models" / "manager.py"]
 
 
@@ -72,6 +72,7 @@ def test_one_error_base_and_one_code_enum():
         "workflow/projection.py:ProjectionError",
         "workflow/templates.py:TemplateError",
         "knowledge/filters.py:FilterError",
+        "gateway/elements.py:ElementError",     # a pipeline client's bad input: an error element
         # control flow inside one turn or one parse, never seen outside it
         "workflow/turn.py:TurnFailure", "workflow/turn.py:TurnCancelled",
         "workflow/turn.py:TurnTimedOut", "prompting/tool_parse.py:_Fail",

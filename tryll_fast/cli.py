@@ -63,6 +63,11 @@ def _add_serve(commands) -> None:
     p.add_argument("--storage-root", metavar="DIR", help="process-wide storage root")
     p.add_argument("--models-dir", metavar="DIR", help="where model files live")
     p.add_argument("--catalog", metavar="FILE", help="model catalog TOML")
+    p.add_argument("--pipeline-port", type=int,
+                   help="pipeline transport port: WebSocket and Socket.IO (default 9101; "
+                        "0 = none)")
+    p.add_argument("--pipeline-config", metavar="FILE",
+                   help="pipeline agents TOML (default: the packaged example)")
     p.add_argument("--config", metavar="FILE", help="config file (.json or .toml)")
     p.add_argument("--dev", action="store_true", default=None,
                    help="development mode (serves DebugCommandRequest)")
@@ -79,9 +84,14 @@ def _serve(args) -> int:
 
     flags = {"host": args.host, "port": args.port, "storage_root": args.storage_root,
              "models_dir": args.models_dir, "catalog": args.catalog, "dev": args.dev,
-             "log_level": args.log_level, "log_format": args.log_format}
+             "log_level": args.log_level, "log_format": args.log_format,
+             "pipeline.port": args.pipeline_port, "pipeline.config": args.pipeline_config}
+    pipeline = None
     try:
         config = load_config(flags=flags, overrides=args.set, config_file=args.config)
+        if config.pipeline_port:
+            from tryll_fast.gateway import load_pipeline_config
+            pipeline = load_pipeline_config(config.pipeline_config)
     except ConfigError as exc:
         print(f"tryll-fast: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -102,8 +112,12 @@ def _serve(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         server.start()
+        if pipeline is not None:
+            from tryll_fast.gateway import Gateway
+            Gateway(server, pipeline, config.pipeline_host, config.pipeline_port).start()
     except OSError as exc:
         log.error("cannot listen", extra=fields(host=config.host, port=config.port,
+                                                pipeline_port=config.pipeline_port,
                                                 error=str(exc)))
         server.shutdown(0)
         return EXIT_FAILED

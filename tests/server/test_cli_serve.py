@@ -13,9 +13,11 @@ from tryll_fast.client import TryllClient
 
 
 def serve(tmp_path, *args):
+    """`tryll-fast serve` on any free TCP port, without the pipeline transport unless
+    `args` give it a --pipeline-port (the last one wins)."""
     cmd = [sys.executable, "-m", "tryll_fast.cli", "serve", "--port", "0",
            "--models-dir", str(tmp_path / "models"), "--storage-root", str(tmp_path / "store"),
-           "--log-format", "json", *args]
+           "--log-format", "json", "--pipeline-port", "0", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -72,3 +74,37 @@ def test_bad_configuration_is_a_usage_error(tmp_path):
     cmd = [sys.executable, "-m", "tryll_fast.cli", "serve", "--set", "transport.bogus=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "transport.bogus: unknown setting" in out.stderr
+
+
+def test_serve_starts_the_pipeline_transport_with_the_example_agents(tmp_path):
+    from websockets.sync.client import connect
+
+    from tryll_fast.gateway.elements import decode_output
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    proc = serve(tmp_path, "--pipeline-port", str(port), "--set", "shutdown.deadline_ms=2000")
+    try:
+        started, _ = read_log(proc, "pipeline listening")
+        assert started["port"] == port and started["agents"] == ["innkeeper", "bard"]
+        with connect(f"ws://127.0.0.1:{port}/pipeline?agent=innkeeper&outputFormat=JSON",
+                     open_timeout=10) as ws:
+            # no models in this server's models dir: CreateAgent's own error, as an element
+            error = decode_output(ws.recv(timeout=30), "JSON")
+        assert error.type == "error" and error.fields["type"] == "GraphCompilationFailed"
+        assert "not downloaded" in error.fields["message"]
+        proc.send_signal(signal.SIGTERM)
+        read_log(proc, "stopped")
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_bad_pipeline_config_is_a_usage_error(tmp_path):
+    bad = tmp_path / "agents.toml"
+    bad.write_text("[agents.x.nodes.a]\ntype = \"Generate\"\nsampling = { top_q = 1 }\n")
+    cmd = [sys.executable, "-m", "tryll_fast.cli", "serve", "--pipeline-config", str(bad)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "agents.x.nodes.a.sampling.top_q: SamplingOverrides has no field" in out.stderr

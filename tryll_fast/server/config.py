@@ -134,6 +134,14 @@ SETTINGS: tuple[Setting, ...] = (
             choices=LOG_LEVELS),
     Setting("log_format", "str", "text", "text (key=value) or json (one object per line)",
             "--log-format", choices=LOG_FORMATS),
+    Setting("pipeline.port", "int", 9101,
+            "port of the pipeline transport (WebSocket `/pipeline`, Socket.IO "
+            "`/socket.io/`; docs/pipeline.md); 0 = no pipeline server", "--pipeline-port",
+            minimum=0, maximum=65535),
+    Setting("pipeline.host", "str", "127.0.0.1", "address the pipeline transport listens on"),
+    Setting("pipeline.config", "path", None,
+            "pipeline agents and action mappers, TOML (empty = the packaged example: "
+            "`innkeeper` and `bard`)", "--pipeline-config"),
     Setting("transport.send_queue_high_bytes", "int", 4 * MiB,
             "outbound bytes queued for one connection at which its producers pause and its "
             "requests stop being read", minimum=64 * 1024),
@@ -235,6 +243,9 @@ class ServerConfig:
     dev: bool
     log_level: str
     log_format: str
+    pipeline_port: int
+    pipeline_host: str
+    pipeline_config: Path | None
     transport_send_queue_high_bytes: int
     transport_send_queue_low_bytes: int
     transport_stall_timeout_ms: int

@@ -135,6 +135,7 @@ class Server:
         self._pin_locks: dict[str, threading.Lock] = {}   # one pin/unpin at a time per model
         self._stopped = threading.Event()
         self._warmed: set[int] = set()
+        self.front_doors: list[Any] = []            # other transports (the pipeline gateway)
         self.teardowns = 0                          # sessions fully torn down
 
     # ---- lifecycle ----
@@ -180,6 +181,13 @@ class Server:
         finally:
             self._stopped.set()
 
+    def add_front_door(self, door) -> None:
+        """Another transport whose connections are sessions of this server (the pipeline
+        gateway). Shutdown calls its stop_accepting() with the reactor's, closes its
+        connections with every session's, waits while its connection_count is above 0,
+        then calls its stop()."""
+        self.front_doors.append(door)
+
     @property
     def address(self) -> tuple[str, int]:
         addr = self.reactor.address if self.reactor is not None else None
@@ -207,6 +215,8 @@ class Server:
         reactor = self.reactor
         if reactor is not None:
             reactor.stop_accepting()
+        for door in self.front_doors:
+            door.stop_accepting()
         finished_in_time = self._wait_operations(time.monotonic() + deadline_s)
         with self._lock:
             late = list(self._operations)
@@ -217,11 +227,14 @@ class Server:
             for session in list(self.connections):
                 session.conn.close()
             end = time.monotonic() + CLOSE_GRACE_S
-            while reactor.connection_count and time.monotonic() < end:
+            while (reactor.connection_count or any(d.connection_count for d in self.front_doors)
+                   ) and time.monotonic() < end:
                 time.sleep(0.01)
             reactor.stop()
             if self._thread is not None:
                 self._thread.join(10)
+        for door in self.front_doors:
+            door.stop()
         self.downloads.shutdown(wait=True, cancel_futures=True)
         self.workers.shutdown(wait=True)
         self.runtime.stop()

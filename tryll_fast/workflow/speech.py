@@ -15,9 +15,11 @@ strand goes on when the connection drains, as a language model's streaming does.
 
 When a sentence is done its audio is cut into chunks of `chunk_samples` and encoded while
 it is converted to int16 (codec.encode_tts_audio), the chunks are sent in order, then the
-sentence's TtsVisemeFrame when the voice emits visemes. Cancel stops the strand after the
-chunk being sent (`cancel()` returns once no chunk is in flight), so nothing of the turn's
-audio follows its TurnComplete.
+sentence's TtsVisemeFrame when the voice emits visemes. A connection with a
+`speech_sentence(text, n_samples, voice)` method (the pipeline gateway's) is told each
+sentence's text and length first, with what besides the text decides its audio. Cancel
+stops the strand after the chunk being sent (`cancel()` returns once no chunk is in
+flight), so nothing of the turn's audio follows its TurnComplete.
 """
 from __future__ import annotations
 
@@ -194,6 +196,10 @@ class SpeechStrand:
                                                  bits_per_sample=16),
                     node_name=self.node_name)))
                 audio.format_sent = True
+            announce = getattr(conn, "speech_sentence", None)
+            if announce is not None:     # a connection that shows the text before its audio
+                announce(req.text, speech.n_samples,
+                         f"{self.voice.model}/{req.speaker_id}/{req.length_scale:g}")
             base = audio.samples_sent
             index = audio.sentences
             frames = codec.encode_tts_audio(turn.request_id, turn.agent.id, self.node_name,

@@ -1,0 +1,589 @@
+"""One pipeline connection (WebSocket or Socket.IO): the Connection its Session sends frames
+to, and the element logic around one agent (docs/pipeline.md).
+
+The gateway does not run turns itself. Each connection is a client of the server's own
+Session, on the gateway's loop thread as the reactor's connections are on the reactor
+thread: it creates a session and an agent from its pipeline agent's spec, and starts turns
+with SendMessageRequest, all as frames through `Session.frame_received`, so the same
+handlers, admission rules, engine and voice serve both front doors. What the session sends
+back (from the engines' threads, the orchestrator, the workers) arrives through `send()`
+as frames, which this class turns into output elements.
+
+Threads: `send()` (and the voice's `speech_sentence()` hook) may be called from any thread;
+they only append to one queue, in call order, and wake the pump. Everything else runs on
+the gateway loop: the pump decodes the frames, keeps the turn state, encodes elements in
+the connection's output format and writes them to the channel. So elements leave in the
+order their frames were sent, and one thread owns the state.
+
+Backpressure as on the reactor: at `transport.send_queue_high_bytes` queued the connection
+is paused (the engine leaves this agent out of its steps, the voice holds its next
+sentence); below the low mark it resumes.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import itertools
+import json
+import logging
+import threading
+from typing import Any
+
+from tryll_fast import codec
+from tryll_fast.errors import ErrorCode
+from tryll_fast.gateway import elements as el
+from tryll_fast.gateway.config import SENSORY_VARIABLES
+from tryll_fast.gateway.params import ConnectionParams
+from tryll_fast.server.logs import fields
+
+log = logging.getLogger("tryll_fast.gateway")
+
+MAX_PENDING_TURNS = 8           # commits and actions waiting behind the running turn
+MAX_INPUT_CHARS = 65536         # text accumulated for the next turn
+_ids = itertools.count(1)
+_CLOSE = "close"                # a queue item: (_CLOSE, code, reason)
+_SPEECH = "speech"              # a queue item: (_SPEECH, text, n_samples, voice)
+_TURN_ERRORS = (ErrorCode.InferenceFailed, ErrorCode.InferenceTimeout)  # then TurnComplete
+
+
+_SOURCES = ((2000, "Server"), (3000, "Agent"), (4000, "LanguageModel"),
+            (4100, "SpeechRecognition"), (4200, "Server"), (5000, "Protocol"), (6000, "Models"),
+            (7000, "Knowledge"))
+
+
+def error_source(code: int) -> str:
+    """The component an ErrorResponse code comes from (the error element's `source`): the
+    last family whose first code is at most `code`."""
+    source = "Server"
+    for first, name in _SOURCES:
+        if code >= first:
+            source = name
+    return source
+
+
+def error_type(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"Error{code}"
+
+
+class _Turn:
+    __slots__ = ("request_id", "turn_id", "text", "mapper")
+
+    def __init__(self, request_id: int, text: str, mapper) -> None:
+        self.request_id = request_id
+        self.turn_id = str(request_id)
+        self.text = text
+        self.mapper = mapper
+
+
+class PipelineConnection:
+    """See the module docstring. `channel` sends strings / bytes to the client and closes
+    (gateway/app.py has the WebSocket and Socket.IO ones). The Connection surface it offers
+    the session: id, peer, send(), paused, queued_bytes, closing, close() (no
+    wait_writable(): only the dev-mode debug streams use it, and a pipeline connection
+    never sends DebugCommand)."""
+
+    def __init__(self, gateway, channel, params: ConnectionParams, peer: str) -> None:
+        self.gateway = gateway
+        self.server = gateway.server
+        self.loop = gateway.loop
+        self.channel = channel
+        self.params = params
+        self.agent_spec = params.agent
+        self.id = f"{channel.kind}-{next(_ids)}"
+        self.peer = peer
+        cfg = self.server.config
+        self._high = cfg.transport_send_queue_high_bytes
+        self._low = cfg.transport_send_queue_low_bytes
+        # ---- the Connection surface (any thread) ----
+        self.paused = False
+        self.closed = False
+        self._closing = False
+        self._lock = threading.Lock()
+        self._queue: collections.deque = collections.deque()
+        self._queued = 0
+        self._wake_pending = False
+        self._wake = None                # asyncio.Event, made on the loop
+        self._pump_task = None
+        # ---- loop state ----
+        self.session = None
+        self.session_id: str | None = None
+        self.agent_id = 0
+        self._rids = itertools.count(1)
+        self._requests: dict[int, Any] = {}      # request_id -> "session" | "agent" | ...
+        self._input: list[str] = []
+        self._input_chars = 0
+        self._pending: collections.deque[_Turn] = collections.deque()
+        self._turn: _Turn | None = None
+        self._sensory: dict[str, str] = {}       # variable -> value, not yet applied
+        self._lost = False
+        self._close_reason = ""                  # why this side closed the channel
+        # speech of the running turn
+        self._sample_rate = 0
+        self._sentence_left = 0                  # samples of the sentence still to come
+        self._sentence_base = -1                 # its first sample's offset in the turn
+        self._held: el.Element | None = None     # a sentence's last item, awaiting visemes
+
+    # ---- the Connection surface the Session, the engines and the voice use ----
+
+    @property
+    def closing(self) -> bool:
+        return self._closing or self.closed
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued
+
+    def send(self, frame) -> bool:
+        """A frame from the session (any thread): queued for the pump, in call order."""
+        if self.closed or self._closing:
+            return False
+        self._put(frame, len(frame))
+        return True
+
+    def speech_sentence(self, text: str, n_samples: int, voice: str) -> None:
+        """The voice's hook (workflow/speech.py): a sentence is about to be sent, `n_samples`
+        long; `voice` names what besides the text decides its audio."""
+        if not (self.closed or self._closing):
+            self._put((_SPEECH, text, n_samples, voice), 0)
+
+    def close(self) -> None:
+        """Graceful close (any thread; the server's shutdown): `exit`, then the channel
+        closes once what is queued is written."""
+        if self._closing or self.closed:
+            return
+        self._closing = True
+        self.loop.call_soon_threadsafe(self._close_with_exit)
+
+    def _put(self, item, nbytes: int) -> None:
+        with self._lock:
+            self._queue.append(item)
+            self._queued += nbytes
+            if not self.paused and self._queued >= self._high:
+                self.paused = True
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        if self.gateway.in_loop():
+            self._wake.set()
+        else:
+            self.loop.call_soon_threadsafe(self._wake.set)
+
+    # ---- lifecycle (loop) ----
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        self.session = self.server.connection_made(self)     # queues ConnectionReady
+        self._dispatch(lambda rid: codec.CreateSessionRequest(
+            request_id=rid, game_name="pipeline", locale=self.gateway.config.locale),
+            "session")
+        self.session_id = str(self.session.id) if self.session.id else None
+        self._dispatch(self.agent_spec.create_request, "agent")
+        log.info("pipeline connection", extra=fields(
+            connection=self.id, peer=self.peer, session=self.session.id,
+            agent=self.agent_spec.name, input=self.params.input_format,
+            output=self.params.output_format, protocol=self.params.protocol_version))
+
+    def lost(self, reason: str) -> None:
+        """The channel is gone (loop): the session tears down its agent and turn."""
+        if self._lost:
+            return
+        self._lost = True
+        self.closed = True
+        self.paused = False
+        with self._lock:
+            self._queue.clear()
+            self._queued = 0
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+        if self.session is not None:
+            self.session.connection_lost(self._close_reason or reason)
+        self.gateway.connection_closed(self)
+
+    def _close_with_exit(self) -> None:
+        self._emit_local(self._out("command", None, name="exit", parameters={}))
+        self._put((_CLOSE, 1001, "the server is shutting down"), 0)
+
+    def fail(self, code: int, reason: str) -> None:
+        """Close after what is queued (loop); the error element is already queued."""
+        if self._closing:
+            return
+        self._closing = True
+        self._put((_CLOSE, code, reason), 0)
+
+    # ---- input (loop) ----
+
+    def received(self, data: str | bytes, binary: bool = False) -> None:
+        """One WebSocket frame / Socket.IO event from the client."""
+        if self.closed or self._closing:
+            return
+        fmt = self.params.input_format
+        try:
+            if binary and fmt != el.MSGPACK:
+                element = el.Element("binary", {"bytes": bytes(data)})   # raw audio
+            else:
+                element = el.decode_input(data, fmt)
+        except el.ElementError as exc:
+            self.error("Socket", exc.kind, exc.message)
+            return
+        handler = getattr(self, "_on_" + element.type.replace("-", "_"))
+        handler(element.fields)
+
+    def _on_token(self, f: dict) -> None:
+        text = f["text"]
+        if text.startswith("#"):
+            self._trigger(text)
+        elif self.params.commit_mode == "token":
+            if text.strip():
+                self._queue_turn(text)
+        else:
+            self._add_input(text)
+
+    def _on_transcript(self, f: dict) -> None:
+        if f.get("isInterim"):
+            return                   # what the player is saying so far: not input yet
+        text = el.with_sentence_separator(f["text"])
+        if not text:
+            return
+        if self._input and not self._input[-1][-1:].isspace():
+            text = " " + text
+        self._add_input(text)
+        if self.params.commit_mode != "manual":
+            self._commit()
+
+    def _on_commit(self, f: dict) -> None:
+        self._commit()
+
+    def _on_action(self, f: dict) -> None:
+        text = f.get("text") or ""
+        if text:
+            self._queue_turn(text)
+            return
+        params = {str(k): el.text_value(v) for k, v in (f.get("parameters") or {}).items()}
+        name = f["name"].lstrip("#")
+        self._trigger("#" + name + (":" + el.format_params(params) if params else ""))
+
+    def _on_sensory(self, f: dict) -> None:
+        for key, variable in SENSORY_VARIABLES.items():
+            if key in f:
+                value = f[key]
+                self._sensory[variable] = value if isinstance(value, str) else (
+                    el.text_value(value))
+        if self._turn is None and self.agent_id:
+            self._apply_sensory()
+
+    def _on_binary(self, f: dict) -> None:
+        content_type = (f.get("contentType") or "audio/raw").lower()
+        if content_type.startswith("image/"):
+            self.error("Pipeline", "UnsupportedInput",
+                       f"binary {content_type}: agent {self.agent_spec.name}'s model cannot "
+                       "take images (its language models read text only)")
+        elif content_type.startswith("audio/"):
+            self.error("Pipeline", "UnsupportedInput",
+                       f"binary {content_type}: audio input needs the pipeline's voice-input "
+                       "stage (speech recognition on the server), which this server does "
+                       "not have yet; recognise speech on the client and send transcript "
+                       "elements, or send text tokens")
+        else:
+            self.error("Pipeline", "UnsupportedInput",
+                       f"binary {content_type}: the pipeline takes raw audio (audio/raw, "
+                       "audio/basic) or images (image/*) here, and neither is supported yet")
+
+    def _on_url(self, f: dict) -> None:
+        self.error("Pipeline", "UnsupportedInput",
+                   f"url {f['url'][:200]!r}: a URL input is an image for a realtime model "
+                   f"that takes images; agent {self.agent_spec.name}'s model cannot take "
+                   "images")
+
+    def _add_input(self, text: str) -> None:
+        if self._input_chars + len(text) > MAX_INPUT_CHARS:
+            self.error("Pipeline", "InputTooLong",
+                       f"the input of the next turn would exceed {MAX_INPUT_CHARS} characters; "
+                       "this text was dropped: send #commit first")
+            return
+        self._input.append(text)
+        self._input_chars += len(text)
+
+    def _commit(self) -> None:
+        text = "".join(self._input).strip()
+        self._input.clear()
+        self._input_chars = 0
+        if not text:
+            self.error("Pipeline", "EmptyInput", "commit with no input: no token or final "
+                                                 "transcript arrived since the last turn")
+            return
+        self._queue_turn(text)
+
+    def _trigger(self, text: str) -> None:
+        mapper, params, key = self.gateway.config.resolve(self.agent_spec, text)
+        if mapper is None:
+            known = sorted(set(self.agent_spec.actions) | set(self.gateway.config.actions))
+            self.error("Pipeline", "UnknownAction",
+                       f"{text[:200]!r}: no action mapper for #{key} (agent "
+                       f"{self.agent_spec.name} and the project map: "
+                       f"{', '.join('#' + k for k in known) or 'nothing'})")
+            return
+        self._queue_turn(mapper.wording(params), mapper)
+
+    # ---- turns (loop) ----
+
+    def _queue_turn(self, text: str, mapper=None) -> None:
+        if len(self._pending) >= MAX_PENDING_TURNS:
+            self.error("Pipeline", "TooManyPendingTurns",
+                       f"{MAX_PENDING_TURNS} turns already wait behind the running one; this "
+                       "input was dropped")
+            return
+        self._pending.append(_Turn(next(self._rids), text, mapper))
+        self._next_turn()
+
+    def _next_turn(self) -> None:
+        if self._turn is not None or not self.agent_id or not self._pending or self._closing:
+            return
+        turn = self._turn = self._pending.popleft()
+        self._apply_sensory()
+        if turn.mapper is not None and turn.mapper.interaction is not None:
+            self._emit_local(self._out("multimodal-interaction", turn.turn_id,
+                                       interaction=turn.mapper.interaction))
+        self._requests[turn.request_id] = turn
+        self.session.frame_received(codec.encode(codec.SendMessageRequest(
+            request_id=turn.request_id, agent_id=self.agent_id, text=turn.text))[4:])
+
+    def _flush_held(self) -> None:
+        if self._held is not None:
+            self._emit_local(self._held)
+            self._held = None
+
+    def _turn_over(self, turn: _Turn) -> None:
+        self._requests.pop(turn.request_id, None)
+        self._flush_held()
+        self._sentence_left, self._sentence_base, self._sample_rate = 0, -1, 0
+        if self._turn is turn:
+            self._turn = None
+        self._next_turn()
+
+    def _apply_sensory(self) -> None:
+        if not self._sensory or not self.agent_id:
+            return
+        updates = [codec.VariableUpdate(name=n, op=codec.VariableOp.Assign,
+                                        value=codec.VarString(value=v))
+                   for n, v in self._sensory.items()]
+        self._sensory = {}
+        self._dispatch(lambda rid: codec.UpdateAgentVariablesRequest(
+            request_id=rid, agent_id=self.agent_id, updates=updates), "variables")
+
+    def _dispatch(self, make, purpose) -> None:
+        rid = next(self._rids)
+        self._requests[rid] = purpose
+        self.session.frame_received(codec.encode(make(rid))[4:])
+
+    # ---- output (loop) ----
+
+    def _out(self, kind: str, turn_id: str | None, **own: Any) -> el.Element:
+        return el.output(kind, self.session_id, turn_id, **own)
+
+    def error(self, source: str, kind: str, message: str, description: str = "",
+              recoverable: bool = True, turn_id: str | None = None) -> None:
+        self._emit_local(self._out("error", turn_id, source=source, type=kind, message=message,
+                                   description=description or _DESCRIPTIONS.get(kind, ""),
+                                   isRecoverable=recoverable))
+
+    def _emit_local(self, element: el.Element) -> None:
+        """An element made on the loop, queued behind the frames already queued."""
+        if not self._lost:
+            self._put(element, 0)
+
+    async def _pump(self) -> None:
+        fmt, version = self.params.output_format, self.params.protocol_version
+        channel = self.channel
+        queue = self._queue
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                self._wake_pending = False
+            while queue:
+                item = queue.popleft()
+                if type(item) is tuple and item[0] == _CLOSE:
+                    self._close_reason = item[2]
+                    await channel.close(item[1], item[2])
+                    return
+                try:
+                    out = self._element(item)
+                    if out is None:
+                        continue
+                    data = el.encode(out, fmt, version)
+                except Exception as exc:         # a bug: reported, the connection carries on
+                    log.exception("pipeline connection %s: output failed", self.id)
+                    data = el.encode(self._out(
+                        "error", None, source="Pipeline", type="InternalError",
+                        message=f"internal error while sending an element: {exc!r}",
+                        description="A bug, logged by the server.", isRecoverable=True),
+                        fmt, version)
+                try:
+                    await channel.send(data)
+                except Exception as exc:         # the peer went away mid-write
+                    self.lost(f"write failed: {exc}")
+                    return
+
+    def _element(self, item) -> el.Element | None:
+        """A queue item -> the element to send (None: nothing for the client)."""
+        if type(item) is bytes:
+            with self._lock:
+                self._queued -= len(item)
+            self._resume_if_drained()
+            return self._translate(item)
+        if type(item) is el.Element:
+            return item
+        return self._sentence(*item[1:])                 # (_SPEECH, …)
+
+    def _resume_if_drained(self) -> None:
+        if self.paused and self._queued <= self._low:
+            with self._lock:
+                self.paused = False
+            if self.session is not None:
+                self.session.writing_resumed()
+
+    def _translate(self, frame: bytes) -> el.Element | None:
+        """One frame from the session -> the element it becomes (None: nothing to show)."""
+        body = codec.decode_frame(frame).body
+        kind = type(body)
+        if kind is codec.AnswerText:
+            text = body.text
+            if not text:
+                return None
+            return self._out("token", str(body.request_id), text=text)
+        if kind is codec.TtsAudioFrame:
+            return self._speech_item(body)
+        if kind is codec.TtsVisemeFrame:
+            return self._visemes(body)
+        if kind is codec.TtsAudioFormatFrame:
+            self._sample_rate = body.format.sample_rate
+            return None
+        if kind is codec.TurnComplete:
+            return self._turn_complete(body)
+        if kind is codec.ErrorResponse:
+            return self._error_response(body)
+        if kind is codec.NodeEvent:
+            return self._node_event(body)
+        if kind is codec.CreateAgentResponse:
+            self._requests.pop(body.request_id, None)
+            self.agent_id = body.agent_id
+            self._emit_local(self._out("command", None, name="ready",
+                                       parameters={"agent": self.agent_spec.name}))
+            self._apply_sensory()
+            self._next_turn()           # input that arrived while the agent was being built
+            return None
+        if kind is codec.Ack or kind is codec.CreateSessionResponse:
+            self._requests.pop(body.request_id, None)
+        return None                # ConnectionReady and the rest: nothing for the client
+
+    def _turn_complete(self, body) -> el.Element | None:
+        turn = self._requests.get(body.request_id)
+        if not isinstance(turn, _Turn):
+            return None
+        status = codec.TurnStatus(body.status).name if body.status in _STATUSES else \
+            str(body.status)
+        self._flush_held()                 # the last sentence's item, before the end
+        self._emit_local(self._out("command", turn.turn_id, name="turnComplete", parameters={
+            "status": status, "tokensGenerated": body.tokens_generated}))
+        if turn.mapper is not None and turn.mapper.end_session:
+            self._emit_local(self._out("command", turn.turn_id, name="sessionShouldEnd",
+                                       parameters={"action": turn.mapper.key}))
+        self._turn_over(turn)
+        return None
+
+    def _error_response(self, body) -> el.Element | None:
+        purpose = self._requests.get(body.request_id)
+        code = int(body.code)
+        source, kind = error_source(code), error_type(code)
+        description = f"Tryll error {code} ({kind}); docs/errors.md lists every code"
+        if purpose == "agent":
+            self._requests.pop(body.request_id, None)
+            self.error(source, kind, f"agent {self.agent_spec.name} could not be created: "
+                                     f"{body.message}", description, recoverable=False)
+            self.fail(1011, "the agent could not be created")
+            return None
+        if isinstance(purpose, _Turn):
+            if code not in _TURN_ERRORS:     # refused: no turn ran, no TurnComplete follows
+                self.error(source, kind, body.message, description, turn_id=purpose.turn_id)
+                self._turn_over(purpose)
+                return None
+            return self._out("error", purpose.turn_id, source=source, type=kind,
+                             message=body.message, description=description,
+                             isRecoverable=True)
+        self._requests.pop(body.request_id, None)
+        return self._out("error", None, source=source, type=kind, message=body.message,
+                         description=description, isRecoverable=True)
+
+    def _node_event(self, body) -> el.Element | None:
+        if body.event_type != "tool_call":
+            return None
+        pairs = {p.key: p.value for p in body.kv_pairs}
+        try:
+            arguments = json.loads(pairs.get("arguments_json") or "{}")
+        except ValueError:
+            arguments = {"arguments": pairs.get("arguments_json", "")}
+        if not isinstance(arguments, dict):
+            arguments = {"arguments": arguments}
+        return self._out("command", str(body.request_id), name=pairs.get("tool_name", ""),
+                         parameters=arguments)
+
+    # ---- speech (loop) ----
+
+    def _sentence(self, text: str, n_samples: int, voice: str) -> el.Element:
+        self._flush_held()                # the previous sentence's visemes never came
+        self._sentence_left = n_samples
+        self._sentence_base = -1
+        digest = hashlib.blake2b(f"{voice}\n{text}".encode(), digest_size=8).hexdigest()
+        return self._out("speech", self._turn_id(), hash=digest, text=text)
+
+    def _speech_item(self, body) -> el.Element | None:
+        pcm = bytes(body.pcm)
+        if self._sentence_base < 0:
+            self._sentence_base = body.sample_offset
+        self._sentence_left -= len(pcm) // 2
+        last = self._sentence_left <= 0
+        item = self._out("speech-item", str(body.request_id), item={
+            "provider": self.agent_spec.voice_model, "sampleRate": self._sample_rate,
+            "frameRate": 0, "isLast": last, "bytes": pcm, "isRawAudio": True,
+            "created": el.now_ms(), "visemes": [], "blendShapeWeights": []})
+        if last and self.agent_spec.emits_visemes:
+            self._held = item              # its sentence's viseme cues follow at once
+            return None
+        return item
+
+    def _visemes(self, body) -> el.Element | None:
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        base = self._sentence_base if self._sentence_base >= 0 else 0
+        held.fields["item"]["visemes"] = [
+            {"sampleOffset": c.sample_offset - base, "viseme": _VISEMES.get(c.viseme, "")}
+            for c in body.visemes]
+        return held
+
+    def _turn_id(self) -> str | None:
+        return self._turn.turn_id if self._turn is not None else None
+
+
+_STATUSES = {int(s) for s in codec.TurnStatus}
+_VISEMES = {int(v): v.name for v in codec.Viseme}
+_DESCRIPTIONS = {
+    "MalformedElement": "The message could not be read as an element in this connection's "
+                        "inputFormat; the connection stays open.",
+    "UnknownElementType": "The element's type is not one the pipeline knows.",
+    "NotAnInputElement": "The element type is one the pipeline sends, not one it receives.",
+    "InvalidField": "A field of the element is missing or has the wrong type.",
+    "UnsupportedInput": "This input is understood but not supported by this server yet.",
+    "UnknownAction": "A token starting with '#' is an action trigger; no mapper of the agent "
+                     "or the project maps this one (pipeline config, [actions]).",
+    "EmptyInput": "A turn needs text: tokens or a final transcript before the commit.",
+    "TooManyPendingTurns": "Turns run one at a time per connection.",
+    "InputTooLong": "The text accumulated for one turn has a limit.",
+    "InvalidConnectionParameter": "A connection parameter has a value the pipeline does not "
+                                  "accept; the connection closes.",
+}
