@@ -1,7 +1,8 @@
 """The node types, one module each; TYPES maps a NodeParams member to its NodeType.
 
 Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
-GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction, Retrieve, ClassifyIntent, ClassifyAttributesLLM. The other members of the union are known (so a graph using them gets a
+GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction, Retrieve, ClassifyIntent,
+ClassifyAttributesLLM, Summarize. The other members of the union are known (so a graph using them gets a
 clear 2007 FeatureNotAvailable naming the feature, not a parse error) until their feature
 is built.
 """
@@ -17,6 +18,7 @@ from tryll_fast.workflow.nodes.instruction import InstructionNode
 from tryll_fast.workflow.nodes.pause import PauseNode
 from tryll_fast.workflow.nodes.retrieve import ClassifyIntentNode, RetrieveNode
 from tryll_fast.workflow.nodes.speak import GenerateAndSpeakNode, SpeakNode
+from tryll_fast.workflow.nodes.summarize import SummarizeNode
 from tryll_fast.workflow.nodes.toolcall import ToolCallNode
 
 
@@ -37,5 +39,5 @@ TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
     IntentToInstructionNode(), RetrieveNode(), ClassifyIntentNode(),
     ClassifyAttributesLLMNode(),
     _pending("WriteToMemory", codec.WriteToMemoryParams, ("default",), _KNOWLEDGE),
-    _pending("Summarize", codec.SummarizeParams, ("default",), "dialog summarization"),
+    SummarizeNode(),
 )}
