@@ -325,6 +325,30 @@ def test_throttle_serves_background_last(smollm2_model):
     assert bg.stats.tokens_generated > 0
 
 
+def test_a_background_prompt_waits_for_interactive_first_tokens(smollm2_model):
+    """Without a throttle too: a Background prompt (a summary being prepared) is not
+    decoded while an Interactive request waits for its first token, and its chunks are
+    capped by prefill_while_decoding even when nothing else runs."""
+    with LlamaEngine(smollm2_model, n_ctx=2048, n_slots=2, n_batch=256,
+                     prefill_while_decoding=32) as eng:
+        sched = eng._sched
+        tokens_before_first = []     # every token decoded up to the interactive first token
+        with eng.hold():
+            bg = eng.submit(chatml("Summarize the village. " * 30), max_tokens=4,
+                            priority=Priority.BACKGROUND)
+            it = eng.submit(chatml("Describe the village. " * 30), max_tokens=4,
+                            on_text=lambda _t: tokens_before_first.append(sched.step_tokens))
+        it.result(60)
+        bg.result(60)
+        assert bg.stats.prefilled_tokens > 100
+        assert tokens_before_first[0] == it.stats.prompt_tokens      # none of bg's
+        steps = eng.status()["steps"]
+        alone = eng.submit(chatml("Summarize the market. " * 30), max_tokens=1,
+                           priority=Priority.BACKGROUND)
+        alone.result(60)
+        assert eng.status()["steps"] - steps >= alone.stats.prefilled_tokens // 32
+
+
 def test_memory_returns_to_baseline(smollm2_model, tmp_path):
     with LlamaEngine(smollm2_model, n_ctx=768, n_slots=3, n_prefix_slots=2, n_batch=128,
                      spill_dir=tmp_path) as eng:

@@ -384,6 +384,23 @@ def test_attributes_classified_reaches_the_callback(client):
 
 
 @pytest.mark.model
+def test_summary_started_reaches_the_callback(client):
+    from tryll_fast.client.graph import CannedResponseParams, LocalizableText, SummarizeParams
+    graph = (GraphDescription()
+             .add_node("remember", SummarizeParams(keep_recent_turns=1, trigger_turns=2,
+                                                   max_summary_tokens=16, default_exit="say"))
+             .add_node("say", CannedResponseParams(lines=[LocalizableText(text="ok")]))
+             .set_default_model_name(SMOL))
+    agent = client.create_agent(graph)
+    agent.append_interactions([("Hi, I am Kaelen.", "Hello, Kaelen."), ("Bread?", "Yes."),
+                               ("Pies?", "Yes.")])
+    seen = []
+    agent.set_on_summary_started(lambda *args: seen.append(args))
+    assert agent.send("Cakes?").result().ok
+    assert seen == [("remember", 2, 2, "turns")]
+
+
+@pytest.mark.model
 def test_embedded_storages_through_the_client(client, model_file):
     model_file("all-MiniLM-L6-v2")
     count, dim = client.create_embedded_string_storage(

@@ -83,8 +83,10 @@ def test_other_node_params(w):
 
 @pytest.mark.model
 @pytest.mark.parametrize("params,words", [
-    (codec.WriteToMemoryParams(), "WriteToMemory nodes need mutable knowledge bases"),
-    (codec.SummarizeParams(), "Summarize nodes need dialog summarization"),
+    (codec.SummarizeParams(context=codec.ContextOverrides(n_batch=64)),
+     "per-node context overrides"),
+    (codec.SummarizeParams(adaptation=codec.ModelAdaptation(
+        loras=[codec.LoraAdapter(path="a.gguf")])), "LoRA adaptation"),
     (gen(context=codec.ContextOverrides(n_batch=64)), "per-node context overrides"),
     (gen(adaptation=codec.ModelAdaptation(loras=[codec.LoraAdapter(path="a.gguf")])),
      "LoRA adaptation"),

@@ -206,6 +206,13 @@ def _turn_final(body) -> bool:
         isinstance(body, codec.ErrorResponse) and body.code != ErrorCode.InferenceFailed)
 
 
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
 def ToolResult(call_id: str, result: str):
     """One result for a pending AwaitResult call (call_id from the tool_call event)."""
     return codec.ToolResult(call_id=call_id, result=result)
@@ -237,6 +244,7 @@ class AgentCalls:
         self._on_tool_call_with_id: Callable[[str, str, str], None] | None = None
         self._on_intent_classified: Callable[[str, str, float, bool], None] | None = None
         self._on_attributes_classified: Callable[[str, dict, bool], None] | None = None
+        self._on_summary_started: Callable[[str, int, int, str], None] | None = None
         self._on_audio: Callable[[Any, memoryview, str], None] | None = None
         self._on_visemes: Callable[[list, int, str], None] | None = None
         self._on_tts_audio_format: Callable[[Any], None] | None = None
@@ -307,6 +315,13 @@ class AgentCalls:
         attribute's value is ""."""
         self._on_attributes_classified = callback
 
+    def set_on_summary_started(
+            self, callback: Callable[[str, int, int, str], None] | None) -> None:
+        """callback(node_name, interactions, folding, trigger) when a Summarize node starts
+        a summary in the background: it is to stand for the dialog's first `interactions`
+        interactions, `folding` of them new; trigger "turns" or "tokens"."""
+        self._on_summary_started = callback
+
     def _event(self, body) -> None:
         kv = {p.key: p.value for p in body.kv_pairs}
         if body.event_type == "paused" and self._on_paused is not None:
@@ -329,6 +344,9 @@ class AgentCalls:
             values = {k: v for k, v in kv.items() if not k.endswith(".probability")}
             self._on_attributes_classified(body.node_name, values,
                                            all(v != "" for v in values.values()))
+        elif body.event_type == "summary_started" and self._on_summary_started is not None:
+            self._on_summary_started(body.node_name, _int(kv.get("interactions")),
+                                     _int(kv.get("folding")), kv.get("trigger", ""))
 
     def _resume(self, resume_node: str, tool_results) -> Call:
         results = _tool_results(tool_results)

@@ -8,6 +8,9 @@ a resume). `lock` guards the state: the reactor thread checks and flips it, the
 orchestrator ends turns. The dialog is only touched by the agent's turn or, while idle, by
 the dialog requests under the lock.
 
+Background work (a Summarize node's summarization) outlives the turn that started it: each
+job is in `background` until it ends, and destroy() cancels them with the turn.
+
 Engines: each model the graph uses (the voice's too, when a node speaks) is held by a
 ModelManager lease for the agent's life (taken at creation, or at first use with
 DeferAllocation), so a model is never freed under an agent. Each language-model node keeps
@@ -102,6 +105,7 @@ class Agent:
         self.leases: dict[str, Any] = {}
         self.projections: dict[str, Projection] = {}
         self._node_state: dict[str, dict] = {}
+        self.background: set = set()    # jobs with cancel() (nodes/summarize.py)
         self.turns_run = 0
         # KV cells freed by EvictAgentKvCache (or never allocated: DeferAllocation); the
         # next turn restores them first (workflow/kv.py)
@@ -222,13 +226,16 @@ class Agent:
     # ---- teardown ----
 
     def destroy(self) -> "Turn | None":
-        """Mark destroyed and cancel the running turn (any thread; cheap). release()
-        must follow on a worker."""
+        """Mark destroyed and cancel the running turn and the background jobs (any thread;
+        cheap). release() must follow on a worker."""
         with self.lock:
             if self._state == DESTROYED:
                 return None
             self._state = DESTROYED
             turn = self.turn
+            jobs = list(self.background)
+        for job in jobs:
+            job.cancel()
         if turn is not None:
             turn.cancel(codec.CancelMode.StopAndDiscard)
         return turn

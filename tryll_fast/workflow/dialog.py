@@ -6,7 +6,10 @@ A component is one thing a turn produced or received: the player's message (slot
 result that answers it (linked by call_id; `extra` holds call_id, disposition, state and
 whether the pair is projected into later prompts). The kinds and roles map one to one onto
 the TDLG snapshot (schema/dialog.fbs, workflow/snapshot.py), so export keeps full
-fidelity.
+fidelity. A "knowledge" component is what a Retrieve attached (templates only, hidden); a
+"summary" component is a running summary a Summarize node wrote (or a snapshot brought):
+`extra["count"]` says how many of the dialog's first interactions it stands for, and the
+latest one replaces those interactions in every prompt (`running_summary()`).
 
 A "template" component is the message a language-model node's template made of this turn
 (placed before or after the player's words, or in their place; `extra["where"]`), so later
@@ -177,6 +180,16 @@ class Dialog:
         if self.interactions:
             self.interactions.clear()
             self.version += 1
+
+    def running_summary(self) -> tuple[Component | None, int]:
+        """The latest summary component (the last one in dialog order) and how many of the
+        dialog's first interactions it stands for: its count, never more than the
+        interactions before the one holding it. (None, 0) when there is none."""
+        for at in range(len(self.interactions) - 1, -1, -1):
+            for c in reversed(self.interactions[at].components):
+                if c.kind == "summary":
+                    return c, max(0, min(int(c.extra.get("count", 0)), at))
+        return None, 0
 
     def replace(self, interactions: list[Interaction]) -> None:
         """ImportDialog / LoadDialog: the whole dialog at once (validated already)."""

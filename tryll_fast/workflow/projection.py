@@ -14,6 +14,16 @@ prompt starts with the previous turn's and the engine decodes only the new suffi
 Shared prefix: the rendered system part (StablePrefix) is identical for every agent with the
 same system prompt; its token count is passed as shared_prefix_len, so the engine decodes
 it once and shares its KV cells between those agents.
+
+Running summary (a Summarize node's, dialog.running_summary()): a system message right
+after the system part, labelled SUMMARY_LABEL, and the interactions it stands for are left
+out. It is a message of its own rather than text appended to the system prompt so that
+the system message renders byte for byte as it does without a summary: the shared prefix
+(computed from the system part alone) keeps matching the prefix-cache entry every agent
+with this system prompt attaches, and when a newer summary replaces the old one the
+agent's own KV is kept up to the summary and only what follows is decoded again. Nodes
+that ask for a bounded history (max_history: the classifiers' history_turns) get no
+summary.
 """
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ from tryll_fast import codec
 from tryll_fast.workflow.dialog import USER_SLOT, Component, Dialog, Interaction
 
 KEEP_FRACTION = 0.75
+SUMMARY_LABEL = "Summary of the earlier conversation:"
 Placement = codec.Placement
 # where a template goes as a message of its own, and in which role
 _BEFORE_USER = {Placement.BeforeUserAsUser: "user", Placement.BeforeUserAsSystem: "system"}
@@ -46,6 +57,7 @@ class Prompt:
     window: int               # interactions of history included
     dropped: int              # interactions that left the window in this build
     messages: list            # the chat messages the text renders
+    summarized: int = 0       # interactions the projected running summary stands for
 
 
 WORD_JOINER = "\u2060"
@@ -226,7 +238,11 @@ class Projection:
             at = next((i + 1 for i, m in enumerate(turn) if m["role"] == "user"), len(turn))
             turn.insert(at, {"role": _AFTER_USER[placement], "content": template_text})
         tail += turn
-        history = [i for i in dialog.interactions
+        summary, covered = dialog.running_summary() if max_history is None else (None, 0)
+        pinned = list(head)
+        if summary is not None and summary.text:
+            pinned.append({"role": "system", "content": f"{SUMMARY_LABEL}\n{summary.text}"})
+        history = [i for i in dialog.interactions[covered:]
                    if i is not current and i.id >= self.window_start and i.outcome != "running"]
         if max_history is not None:
             history = history[-max_history:] if max_history > 0 else []
@@ -234,7 +250,7 @@ class Projection:
         rendered: dict[int, list] = {}       # window start -> the messages it rendered
 
         def render(start: int) -> tuple[str, list[int]]:
-            msgs = list(head)
+            msgs = list(pinned)
             for inter in history[start:]:
                 for m in inter.messages(template_of=self.node_name or None):
                     if m.pop("_verbatim", False):
@@ -278,7 +294,7 @@ class Projection:
         return Prompt(tokens=tokens,
                       shared_prefix_len=self._shared_len(head, tokens, template_tools),
                       text=text, window=len(history) - dropped, dropped=dropped,
-                      messages=rendered[dropped])
+                      messages=rendered[dropped], summarized=covered)
 
     def cacheable_prefix(self, dialog: Dialog, *, n_ctx: int, reserve: int,
                          **args) -> tuple[list[int], int]:

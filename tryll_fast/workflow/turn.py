@@ -507,6 +507,7 @@ class Turn:
             "shared_prefix_tokens": prompt.shared_prefix_len,
             "history_interactions": prompt.window,
             "dropped_interactions": prompt.dropped,
+            "summarized_interactions": prompt.summarized,
             "sampling": {k: v for k, v in sampling.__dict__.items() if k != "grammar"},
             "timings_ms": {
                 "projection": round(projection_s * 1000, 3),

@@ -11,6 +11,10 @@ FIFO within a class.
 Under throttle > 0 Background sequences are left out of steps while an
 Interactive one is active (they are served last); the engine sleeps between
 steps. Throttle never changes what a sequence samples from a given batch.
+Whatever the throttle, a Background prompt is not decoded while an Interactive
+request waits for its first token (a summary being prepared must not delay the
+reply a player waits for), and its chunks are capped by prefill_while_decoding,
+so an Interactive request arriving meanwhile waits for a short step at most.
 
 This object is owned by the engine's scheduler thread; nothing here locks.
 """
@@ -202,9 +206,16 @@ class Scheduler:
             # Streams are waiting for this step: a long prompt decoded alongside them
             # would stall every one of them for the whole chunk.
             budget = min(budget, self.prefill_while_decoding)
+        interactive_prefill = any(r.next_token is None and r.priority == Priority.INTERACTIVE
+                                  for r in active)
         for r in active:
             if r.next_token is None and budget > 0:
                 n = min(budget, len(r.todo) - r.done)
+                if r.priority == Priority.BACKGROUND:
+                    if interactive_prefill:
+                        continue
+                    if self.prefill_while_decoding:
+                        n = min(n, self.prefill_while_decoding)
                 chunk = r.todo[r.done:r.done + n]
                 last = r.done + n == len(r.todo)
                 entries.append((r.conv.seq_id, chunk, last and r.generates))

@@ -2,11 +2,10 @@
 
 Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
 GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction, Retrieve, ClassifyIntent,
-ClassifyAttributesLLM, WriteToMemory. The other members of the union are known (so a graph
-using them gets a clear 2007 FeatureNotAvailable naming the feature, not a parse error)
-until their feature is built.
+ClassifyAttributesLLM, WriteToMemory, Summarize: every member of the NodeParams union. A
+node type whose params ask for what this build lacks (LoRA adaptation, per-node context
+overrides) is refused at compile time with 2007 FeatureNotAvailable naming it.
 """
-from tryll_fast import codec
 from tryll_fast.workflow.graph import NodeType
 from tryll_fast.workflow.nodes.canned import CannedResponseNode
 from tryll_fast.workflow.nodes.classify import (
@@ -19,22 +18,13 @@ from tryll_fast.workflow.nodes.memory import WriteToMemoryNode
 from tryll_fast.workflow.nodes.pause import PauseNode
 from tryll_fast.workflow.nodes.retrieve import ClassifyIntentNode, RetrieveNode
 from tryll_fast.workflow.nodes.speak import GenerateAndSpeakNode, SpeakNode
+from tryll_fast.workflow.nodes.summarize import SummarizeNode
 from tryll_fast.workflow.nodes.toolcall import ToolCallNode
-
-
-def _pending(kind: str, params_cls: type, exits: tuple[str, ...], feature: str) -> NodeType:
-    t = NodeType()
-    t.kind = kind
-    t.params_cls = params_cls
-    t.exits = exits
-    t.missing_feature = feature
-    return t
 
 
 TYPES: dict[type, NodeType] = {t.params_cls: t for t in (
     GenerateNode(), CannedResponseNode(), InstructionNode(), GuardrailNode(), ToolCallNode(),
     PauseNode(), SpeakNode(), GenerateAndSpeakNode(), ClassifyIntentLLMNode(),
     IntentToInstructionNode(), RetrieveNode(), ClassifyIntentNode(),
-    ClassifyAttributesLLMNode(), WriteToMemoryNode(),
-    _pending("Summarize", codec.SummarizeParams, ("default",), "dialog summarization"),
+    ClassifyAttributesLLMNode(), WriteToMemoryNode(), SummarizeNode(),
 )}

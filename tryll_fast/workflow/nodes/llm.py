@@ -45,7 +45,11 @@ class LlmSpec:
 
 def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: CompileContext,
                 *, default_context: int = 0,
-                default_max_tokens: int = DEFAULT_MAX_TOKENS) -> LlmSpec:
+                default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                fixed_max_tokens: tuple[str, int] | None = None) -> LlmSpec:
+    """fixed_max_tokens: (field, value) for a node whose own param sets the output length
+    (Summarize's max_summary_tokens) instead of the catalog's and the overrides'; it is
+    checked against the context size under that field's name."""
     where = f"node {name!r}"
     model = model_name or ctx.default_model
     if not model:
@@ -59,7 +63,7 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
                               f"{model!r} is loaded with (llama.max_n_ctx and its catalog "
                               "context_size)")
     sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx,
-                                default_max_tokens)
+                                default_max_tokens, fixed_max_tokens)
     stop = None
     if sampling.get("ignore_eos"):
         stop = ()             # exactly max_tokens: no stop string ends it either
@@ -73,10 +77,11 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
 
 
 def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
-                     ctx: CompileContext, default_max_tokens: int = DEFAULT_MAX_TOKENS
-                     ) -> dict[str, Any]:
+                     ctx: CompileContext, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                     fixed_max_tokens: tuple[str, int] | None = None) -> dict[str, Any]:
     out = {k: v for k, v in base.items() if k != "stop"}
     out.setdefault("max_tokens", default_max_tokens)
+    field = "sampling.max_tokens"
     if overrides is not None:
         for name, high in _HIGHEST.items():
             value = getattr(overrides, name)
@@ -101,8 +106,12 @@ def resolve_sampling(where: str, base: dict[str, Any], overrides, n_ctx: int,
             out["max_tokens"] = overrides.max_tokens
         if overrides.ignore_eos:
             out["ignore_eos"] = True
+    if fixed_max_tokens is not None:
+        field, out["max_tokens"] = fixed_max_tokens
+        if out["max_tokens"] <= 0:
+            raise ctx.fail(where, f"{field} {out['max_tokens']} must be > 0")
     if out["max_tokens"] >= n_ctx:
-        raise ctx.fail(where, f"sampling.max_tokens {out['max_tokens']} must be smaller than "
+        raise ctx.fail(where, f"{field} {out['max_tokens']} must be smaller than "
                               f"the node's context size {n_ctx}")
     seed = out.pop("seed", None)
     out["seed"] = None if seed is None or seed == _UNSET_SEED else int(seed)
