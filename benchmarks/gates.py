@@ -104,6 +104,28 @@ class PairedRatio(Ratio):
         return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
+class Flat(Ratio):
+    """value = num / den, a cost late in a run over the same cost early in it (1 = it did
+    not grow), gated `<=`. Swapping the sides puts `baseline`, the same late point measured
+    without the feature under test, in num's place: a gate that still passes then measures
+    nothing the feature does."""
+    op = "<="
+
+    def __init__(self, name, num, den, baseline, threshold):
+        super().__init__(name, num, den, threshold)
+        self.baseline = baseline
+
+    def passes(self, value):
+        return value <= self.threshold
+
+    def swap(self, data):
+        ours, base = self.num.entries(data), self.baseline.entries(data)
+        if len(ours) == 1 and len(base) == 1:
+            a, b = self.num.get(ours[0]), self.baseline.get(base[0])
+            self.num.put(ours[0], b)
+            self.baseline.put(base[0], a)
+
+
 class Overhead:
     """value = a duration the client's clock saw minus the engine's own for the same
     event, recorded per event and summarised (p50) by the benchmark; gated `<=`. Such a
@@ -188,6 +210,10 @@ GATES = [
     PairedRatio("embed_batch_vs_one_by_one",
                 Pick("one_by_one_rounds_s", suite="embed", case="batch_vs_one_by_one"),
                 Pick("batched_rounds_s", suite="embed", case="batch_vs_one_by_one"), 3.0),
+    Flat("long_dialog_first_token_flat",
+         Pick("summarize_first_token_ms_t300", suite="workflow", case="long_dialog"),
+         Pick("summarize_first_token_ms_t10", suite="workflow", case="long_dialog"),
+         Pick("plain_first_token_ms_t300", suite="workflow", case="long_dialog"), 1.5),
     Overhead("workflow_first_token_overhead_ms",
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",

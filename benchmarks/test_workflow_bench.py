@@ -42,10 +42,15 @@ MAX_TOKENS = 32
 SETTINGS = ("llama.max_n_ctx=4096", "llama.n_slots=12", "llama.n_batch=512")
 
 
+def smol_server(settings: tuple[str, ...] = SETTINGS) -> ServerProcess:
+    """A server process with SmolLM2 on disk (fetched on first use)."""
+    ensure_model(SMOL, MODELS_DIR)
+    return ServerProcess("reactor", models_dir=MODELS_DIR, settings=settings)
+
+
 @pytest.fixture(scope="module")
 def server():
-    ensure_model(SMOL, MODELS_DIR)
-    proc = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS)
+    proc = smol_server()
     yield proc
     proc.close()
 

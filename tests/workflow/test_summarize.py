@@ -2,7 +2,7 @@
 how every prompt shows it (after the system prompt, the interactions it stands for left
 out, the shared prefix untouched), snapshots, the node's params, and over the wire: the
 summary runs in the background, lands for the next turn, is cancelled with its agent, and
-a 300-turn conversation keeps its window and a fact from turn 5."""
+a 300-turn conversation keeps its window, and the fact of turn 5 reaches the summary."""
 from __future__ import annotations
 
 import json
