@@ -1,12 +1,17 @@
 """Turn the latest benchmark results into gates, and keep the evidence.
 
     python -m benchmarks.gates [results.json] [--no-summary]
+    python -m benchmarks.gates --merge results.json   # one suite rerun alone
+
 
 Prints the per-suite tables, then one line per gate, `GATE <name> <measured> <op>
 <threshold> PASS|FAIL`, and exits 1 if any gate failed (or could not be measured). Unless
 told not to, it writes benchmarks/results/summary.json: the commit, the date, every gate's
 value and threshold, and the compacted results the gates were computed from, so a reader
 can check a claim (and this module's arithmetic) without rerunning the benchmarks.
+`--merge` replaces, in the committed summary, the results of the suites a partial run
+measured (a new suite, or one rerun alone), recomputes every gate, and records the partial
+run's commit and date under `merged`: the summary says which figures came from which run.
 
 Every gate compares two measured sides of the same run: ours against the baseline a user
 would otherwise run (a ratio), or a client-side clock against the engine's (an overhead).
@@ -214,6 +219,9 @@ GATES = [
          Pick("summarize_first_token_ms_t300", suite="workflow", case="long_dialog"),
          Pick("summarize_first_token_ms_t10", suite="workflow", case="long_dialog"),
          Pick("plain_first_token_ms_t300", suite="workflow", case="long_dialog"), 1.5),
+    PairedRatio("game_memory_load_lazy_vs_now",
+                Pick("now_rounds_s", suite="memory", case="load_lazy_vs_now"),
+                Pick("lazy_rounds_s", suite="memory", case="load_lazy_vs_now"), 10.0),
     Overhead("workflow_first_token_overhead_ms",
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",
@@ -255,6 +263,11 @@ def _git(*args):
         return None
 
 
+def _gate_rows(results):
+    return [{"name": g.name, "value": None if math.isnan(v) else round(v, 4),
+             "op": g.op, "threshold": g.threshold, "pass": ok} for g, v, ok in results]
+
+
 def summary(data, results):
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
@@ -262,9 +275,7 @@ def summary(data, results):
         "dirty": bool(dirty) if dirty is not None else None,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": data.get("machine_info", {}).get("cpu", {}).get("brand_raw"),
-        "gates": [{"name": g.name, "value": None if math.isnan(v) else round(v, 4),
-                   "op": g.op, "threshold": g.threshold, "pass": ok}
-                  for g, v, ok in results],
+        "gates": _gate_rows(results),
         "results": compact(data),
     }
 
@@ -299,7 +310,38 @@ def report(data):
                 print(f"{msg:24} {op:6} {ours * 1e6:9.2f} {ref * 1e6:12.2f} {ref / ours:7.1f}")
 
 
+def merge(path):
+    """Fold a partial run's suites into the committed summary (see the docstring)."""
+    with open(path) as f:
+        partial = compact(json.load(f))
+    with open(SUMMARY) as f:
+        current = json.load(f)
+    suites = {b["extra_info"].get("suite") for b in partial["benchmarks"]}
+    kept = [b for b in current["results"]["benchmarks"]
+            if b["extra_info"].get("suite") not in suites]
+    data = {"benchmarks": kept + partial["benchmarks"]}
+    results = evaluate(data)
+    out = dict(current)
+    out["results"] = data
+    out["gates"] = _gate_rows(results)
+    merged = [m for m in current.get("merged", []) if m["suite"] not in suites]
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    merged += [{"suite": s, "commit": _git("rev-parse", "HEAD"), "dirty": bool(dirty),
+                "date": date} for s in sorted(suites, key=str)]
+    out["merged"] = merged
+    with open(SUMMARY, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+    for gate, value, ok in results:
+        print(f"GATE {gate.name} {value:.2f} {gate.op} {gate.threshold:g} "
+              f"{'PASS' if ok else 'FAIL'}")
+    return 0 if all(ok for _, _, ok in results) else 1
+
+
 def main(argv):
+    if "--merge" in argv:
+        return merge(argv[argv.index("--merge") + 1])
     args = [a for a in argv[1:] if not a.startswith("--")]
     path = args[0] if args else LATEST
     if not os.path.exists(path):
