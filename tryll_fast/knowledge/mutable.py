@@ -75,10 +75,6 @@ FILE_FORMAT = 1
 _HEADER = struct.Struct("<4sIIIQ")    # magic, format, part count, crc32 of the parts, ms
 
 
-def _err(code: int, message: str) -> TryllError:
-    return TryllError(code, message)
-
-
 def _bad_record(where: str, problem: str) -> TryllError:
     return TryllError(ErrorCode.InvalidMutableKbRecord, f"{where}: {problem}")
 
@@ -134,26 +130,26 @@ def parse_schema(raw, models, where: str = "schema") -> KbSchema:
     model = (raw.embedding_model_name if raw is not None else "") or ""
     fields = list(raw.metadata_fields) if raw is not None else []
     if len(name) > 256:
-        raise _err(ErrorCode.InvalidMutableKbSchema,
+        raise TryllError(ErrorCode.InvalidMutableKbSchema,
                    f"{where}.schema_name has {len(name)} characters; at most 256")
     if not model:
         model = default_embedding_model(models) or ""
         if not model:
-            raise _err(ErrorCode.InvalidMutableKbSchema,
+            raise TryllError(ErrorCode.InvalidMutableKbSchema,
                        f"{where}.embedding_model_name is empty and the catalog has no "
                        "embedding model")
     entry = models.catalog.get(model)
     if entry is None or entry.role != "embedding":
         names = [e.name for e in models.catalog if e.role == "embedding"]
-        raise _err(ErrorCode.InvalidMutableKbSchema,
+        raise TryllError(ErrorCode.InvalidMutableKbSchema,
                    f"{where}.embedding_model_name {model!r} is not an embedding model of the "
                    f"catalog (embedding models: {', '.join(names) or 'none'})")
     if len(fields) > MAX_FIELDS:
-        raise _err(ErrorCode.InvalidMutableKbSchema,
+        raise TryllError(ErrorCode.InvalidMutableKbSchema,
                    f"{where}.metadata_fields has {len(fields)} names; at most {MAX_FIELDS}")
     for i, f in enumerate(fields):
         if not f or f != f.strip() or len(f) > 128 or any(ord(c) < 32 for c in f):
-            raise _err(ErrorCode.InvalidMutableKbSchema,
+            raise TryllError(ErrorCode.InvalidMutableKbSchema,
                        f"{where}.metadata_fields[{i}] {f!r}: a key is 1..128 characters "
                        "without leading or trailing spaces or control characters")
     return KbSchema(name, version, model, tuple(sorted(set(fields))))
@@ -945,11 +941,8 @@ class SessionMemory:
         try:
             return self.models.lease(model)
         except TryllError as exc:
-            raise _err(ErrorCode.InvalidMutableKbSchema,
+            raise TryllError(ErrorCode.InvalidMutableKbSchema,
                        f"embedding model {model!r} cannot be loaded: {exc.message}") from None
-
-    def _bytes(self, skip: Iterable[str] = ()) -> int:
-        return sum(kb.size_bytes() for n, kb in self.stores.items() if n not in skip)
 
     def ensure(self, name: str, raw_schema) -> tuple[MutableKb, bool]:
         check_name(name, ErrorCode.InvalidMutableKbName)
@@ -976,7 +969,7 @@ class SessionMemory:
     def check_room(self, kb: MutableKb, records: Sequence[Any]) -> None:
         extra = sum(len(r.text or "") + len(r.metadata_json or "") + kb.dim * 4 + 256
                     for r in records)
-        used = self._bytes()
+        used = sum(store.size_bytes() for store in self.stores.values())
         if used + extra > MAX_SESSION_BYTES:
             raise TryllError(ErrorCode.MutableKbLimitExceeded,
                              f"the session's mutable KBs hold {used} bytes; this write would "
