@@ -1,11 +1,19 @@
 """The pipeline transport's rules over real sockets, with agents whose turns need no model
 (CannedResponse): connection parameters, the ready command, action triggers, transcripts
-and commits, malformed input, Socket.IO, protocol version 1, shutdown."""
+and commits, malformed input, Socket.IO, protocol version 1, shutdown, a stalled reader,
+browser origins."""
 from __future__ import annotations
+
+import json
+import socket
+import time
 
 import msgpack
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+from websockets.uri import parse_uri
 
 from tryll_fast.gateway import elements as el
 from tryll_fast.gateway.elements import Element
@@ -190,8 +198,8 @@ def test_malformed_elements_get_errors_and_disturb_nothing(light):
             error = p.recv()
             assert error.type == "error" and error.fields["type"] == kind, error
             assert error.fields["isRecoverable"] is True and error.fields["message"]
-        audio = [e for e in p.seen if e.type == "error" and "audio" in e.fields["message"]]
-        assert "voice-input" in audio[0].fields["message"]
+        audio = [e for e in p.seen if e.type == "error" and "listen" in e.fields["message"]]
+        assert "clerk does not listen" in audio[0].fields["message"]
         q.send(b"\xc1garbage")                  # not MessagePack
         assert q.recv().fields["type"] == "MalformedElement"
         q.send("a text frame")
@@ -280,3 +288,126 @@ def test_shutdown_sends_exit_and_closes(tmp_path):
         p.ws.recv(timeout=5)
     assert info.value.rcvd.code == 1001
     assert gateway.connection_count == 0
+
+
+STALLING = """
+[agents.orator]
+[agents.orator.nodes.line]
+type = "CannedResponse"
+lines = [{ text = "%s" }]
+""" % ("Hear ye. " * 9000)
+
+
+def _silent_websocket(host: str, port: int, query: str) -> tuple[socket.socket, ClientProtocol]:
+    """A WebSocket client that reads nothing after the handshake: the `websockets`
+    library's sans-I/O protocol over a plain socket with a small receive buffer (its
+    threaded client would keep reading into memory in the background)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect((host, port))
+    protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}/pipeline?{query}"))
+    protocol.send_request(protocol.connect())
+    sock.sendall(b"".join(protocol.data_to_send()))
+    while not protocol.events_received():
+        protocol.receive_data(sock.recv(256))      # the 101 response, a byte at a time
+    return sock, protocol
+
+
+def test_a_client_that_stops_reading_is_closed_after_the_stall_limit(tmp_path):
+    """A client that sends turns and never reads: its connection pauses at the high mark
+    and is aborted after transport.stall_timeout_ms; its session goes, and another
+    connection is served throughout."""
+    server = start_server(tmp_path, overrides=[
+        "transport.send_queue_high_bytes=65536", "transport.send_queue_low_bytes=16384",
+        "transport.stall_timeout_ms=500"])
+    try:
+        gateway = start_gateway(server, write_config(tmp_path, "stall.toml", STALLING))
+        sock, protocol = _silent_websocket(*gateway.address, "agent=orator&commitMode=token")
+        assert wait_for(lambda: gateway.connection_count == 1)
+        [conn] = list(gateway.connections)
+        sid = conn.session.id
+        sent = 0
+        deadline = time.monotonic() + 30
+        while gateway.connection_count and time.monotonic() < deadline:
+            protocol.send_text(b"Speak!")               # a turn each (commitMode token)
+            try:
+                sock.sendall(b"".join(protocol.data_to_send()))
+            except OSError:                             # the server dropped us
+                break
+            sent += 1
+            time.sleep(0.005)
+        assert wait_for(lambda: gateway.connection_count == 0, timeout=10), sent
+        assert conn._close_reason.startswith("stalled"), (conn._close_reason, sent)
+        assert conn.paused_at > 0
+        assert wait_for(lambda: sid not in server.sessions, timeout=10)
+        with Pipe(gateway, "agent=orator&outputFormat=JSON") as other:
+            other.ready()
+            other.say("and you?")
+            assert other.turn()[-1].fields["parameters"]["status"] == "Success"
+        sock.close()
+    finally:
+        server.shutdown(5)
+
+
+def test_browser_pages_of_other_origins_are_refused(tmp_path):
+    """A web site the player visits must not reach their characters: a page's Origin
+    must be the pipeline's own or one pipeline.allowed_origins lists; clients with no
+    Origin (games, scripts) are served."""
+    server = start_server(tmp_path, overrides=[
+        "pipeline.allowed_origins=http://game.local:8080"])
+    try:
+        gateway = start_gateway(server, write_config(tmp_path, "canned.toml", CANNED))
+        host, port = gateway.address
+        url = f"ws://{host}:{port}/pipeline?agent=porter"
+        for origin in ("http://evil.example", f"http://evil.example:{port}",
+                       "http://127.0.0.1.evil.example", "null"):
+            with pytest.raises(InvalidStatus) as info:
+                connect(url, origin=origin, open_timeout=10)
+            assert info.value.response.status_code == 403, origin
+            assert b"pipeline.allowed_origins" in info.value.response.body
+        for origin in (None, f"http://127.0.0.1:{port}", f"http://localhost:{port}",
+                       "http://game.local:8080"):
+            with connect(url, origin=origin, open_timeout=10) as ws:
+                assert ws.recv(timeout=10).startswith("#ready"), origin
+        # Socket.IO's endpoint (its websocket transport, as a browser opens it)
+        sio_url = f"ws://{host}:{port}/socket.io/?EIO=4&transport=websocket&agent=porter"
+        with pytest.raises(InvalidStatus) as info:
+            connect(sio_url, origin="http://evil.example", open_timeout=10)
+        assert info.value.response.status_code == 400
+        with connect(sio_url, origin="http://game.local:8080", open_timeout=10) as ws:
+            assert ws.recv(timeout=10).startswith("0{")          # Engine.IO's open packet
+    finally:
+        server.shutdown(5)
+
+
+def test_queued_tokens_coalesce_and_every_character_arrives_in_order(light):
+    """The dev-mode debug stream sends 5 000 text frames as fast as it can: the pipeline
+    sends what is queued behind each other as one token element, and the client gets
+    all the text, in order."""
+    _, gateway = light
+    with Pipe(gateway, "agent=porter&inputFormat=JSON&outputFormat=MSGPACK") as p:
+        p.ready()
+        p.send(Element("action", {"name": "debug", "parameters": {
+            "command": "stream", "args": [5000, "ab "]}}))
+        got = p.until(lambda e: is_command(e, "debug"))
+    tokens = [e.fields["text"] for e in got if e.type == "token"]
+    assert "".join(tokens) == "ab " * 5000
+    assert len(tokens) < 5000 and max(map(len, tokens)) <= 16384 + 3
+    assert json.loads(got[-1].fields["parameters"]["output"])["frames"] == 5000
+
+
+def test_the_debug_action_needs_dev_mode(tmp_path):
+    server = start_server(tmp_path, dev=False)
+    try:
+        gateway = start_gateway(server, write_config(tmp_path, "canned.toml", CANNED))
+        with Pipe(gateway, "agent=porter&inputFormat=JSON&outputFormat=JSON") as p:
+            p.ready()
+            p.send(Element("action", {"name": "debug", "parameters": {"command": "stats"}}))
+            error = p.until(lambda e: e.type == "error")[-1]
+            assert error.fields["type"] == "DebugCommandsDisabled"
+            p.send(Element("action", {"name": "debug", "parameters": {"command": 3}}))
+            error = p.until(lambda e: e.type == "error")[-1]
+            assert "parameters.command" in error.fields["message"]
+    finally:
+        server.shutdown(5)

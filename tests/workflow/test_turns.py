@@ -473,8 +473,10 @@ def test_diagnostics_json(w):
     n = d["nodes"][0]
     assert n["model"] == SMOL and n["exit"] == "default" and "<|im_start|>" in n["prompt"]
     assert n["sampling"]["temperature"] == 0 and n["sampling"]["max_tokens"] == 8
-    assert set(n["timings_ms"]) == {"projection", "queue", "prefill", "first_token", "decode",
-                                    "total"}
+    t = n["timings_ms"]
+    assert set(t) == {"projection", "queue", "prefill", "first_token", "first_text", "decode",
+                      "total"}
+    assert t["first_token"] <= t["first_text"] <= t["total"]   # a text follows its token
     assert n["stream"]["frames"] >= 2 and n["stream"]["handoff_us_p50"] > 0
 
 

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -41,8 +42,9 @@ START_TIMEOUT_S = 10.0
 class WebSocketChannel:
     kind = "ws"
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.ws = ws
+        self.request = request
 
     async def send(self, data: str | bytes) -> None:
         if type(data) is str:
@@ -52,6 +54,13 @@ class WebSocketChannel:
 
     async def close(self, code: int, reason: str) -> None:
         await self.ws.close(code=code, message=reason.encode()[:120])
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once (a client that stopped reading never takes a
+        close frame)."""
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()
 
 
 class SocketIOChannel:
@@ -66,6 +75,9 @@ class SocketIOChannel:
 
     async def close(self, code: int, reason: str) -> None:
         await self.sio.disconnect(self.sid)
+
+    def abort(self) -> None:
+        asyncio.get_running_loop().create_task(self.sio.disconnect(self.sid))
 
 
 class Gateway:
@@ -86,7 +98,8 @@ class Gateway:
         self._thread = threading.Thread(target=self._run, name="tryll-gateway", daemon=True)
         self.sio = socketio.AsyncServer(async_mode="aiohttp", always_connect=True,
                                         async_handlers=False, max_http_buffer_size=
-                                        MAX_MESSAGE_BYTES, logger=False, engineio_logger=False)
+                                        MAX_MESSAGE_BYTES, logger=False, engineio_logger=False,
+                                        cors_allowed_origins=self.origin_allowed)
         self._sio_handlers()
 
     # ---- lifecycle (any thread) ----
@@ -114,6 +127,27 @@ class Gateway:
     @property
     def connection_count(self) -> int:
         return len(self.connections)
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """May a page of this origin connect? A client that sends no Origin is no browser
+        page (a game, a script): yes. A page: the pipeline's own (its address, or a loopback
+        name with its port), or one `pipeline.allowed_origins` names. Comparing the Origin
+        with the request's Host would let any site in on a name that resolves to
+        127.0.0.1 (DNS rebinding), so the own origins are a fixed list."""
+        if not origin:
+            return True
+        allowed = self.server.config.pipeline_allowed_origins
+        if "*" in allowed:
+            return True
+        origin = origin.rstrip("/").lower()
+        if origin in {o.rstrip("/").lower() for o in allowed}:
+            return True
+        host, port = self.address
+        names = {"localhost", "127.0.0.1", "[::1]"}
+        if host not in ("0.0.0.0", "::", ""):
+            names.add(f"[{host}]" if ":" in host else host)
+        return origin in {f"{scheme}://{name}:{port}" for scheme in ("http", "https")
+                          for name in names}
 
     def in_loop(self) -> bool:
         return threading.current_thread() is self._thread
@@ -162,6 +196,19 @@ class Gateway:
         await self._site.start()
         sock = self._site._server.sockets[0]         # the bound port (port 0 = any)
         self._address = tuple(sock.getsockname()[:2])
+        self.loop.create_task(self._watch_stalls())
+
+    async def _watch_stalls(self) -> None:
+        """Close connections paused longer than `transport.stall_timeout_ms`, as the
+        reactor does for TCP: a client that stopped reading holds its agent's turn."""
+        limit = self.server.config.transport_stall_timeout_ms / 1000.0
+        period = min(1.0, limit / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if conn.paused and now - conn.paused_at >= limit:
+                    conn.stalled(now - conn.paused_at)
 
     # ---- connections (loop) ----
 
@@ -202,10 +249,16 @@ class Gateway:
         if conn.channel.kind == "sio":
             self._sio_connections.pop(conn.channel.sid, None)
 
-    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if not self.origin_allowed(origin):
+            log.warning("pipeline connection refused: origin not allowed", extra=fields(
+                peer=request.remote or "?", origin=origin))
+            return web.Response(status=403, text=f"origin {origin} may not open pipeline "
+                                "connections (setting pipeline.allowed_origins)\n")
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
         await ws.prepare(request)
-        channel = WebSocketChannel(ws)
+        channel = WebSocketChannel(ws, request)
         conn = self._open(channel, dict(request.query), request.remote or "?")
         if conn is None:
             async for _ in ws:         # until the refusal's close completes

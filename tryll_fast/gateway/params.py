@@ -1,5 +1,6 @@
 """A pipeline connection's parameters (the WebSocket URL's query, the Socket.IO handshake's
-query): agent, inputFormat, outputFormat, protocolVersion, commitMode (docs/pipeline.md).
+query): agent, inputFormat, outputFormat, protocolVersion, and ours: commitMode,
+audioSampleRate, bargeIn (docs/pipeline.md).
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from tryll_fast.gateway.elements import FORMATS, PROTOCOL_VERSIONS, TEXT, Elemen
 # When a turn starts: auto = #commit or a final transcript; manual = #commit only (push to
 # talk: final transcripts accumulate); token = every text token is a message of its own.
 COMMIT_MODES = ("auto", "manual", "token")
+BARGE_IN = ("true", "false")
+# Raw audio's rate: what CreateVoiceInput accepts (the server resamples to 16 kHz).
+MIN_AUDIO_RATE, MAX_AUDIO_RATE, DEFAULT_AUDIO_RATE = 8000, 192_000, 16_000
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class ConnectionParams:
     output_format: str = TEXT
     protocol_version: int = 1
     commit_mode: str = "auto"
+    audio_sample_rate: int = DEFAULT_AUDIO_RATE   # raw audio: mono int16 LE at this rate
+    barge_in: bool = True                         # the player's voice interrupts the agent
 
 
 def parse_connection_params(query: Mapping[str, Any], config: PipelineConfig
@@ -35,7 +41,8 @@ def parse_connection_params(query: Mapping[str, Any], config: PipelineConfig
     return ConnectionParams(
         agent=agent, input_format=_format(query, "inputFormat"),
         output_format=_format(query, "outputFormat"),
-        protocol_version=_version(query), commit_mode=_choice(query, "commitMode", COMMIT_MODES))
+        protocol_version=_version(query), commit_mode=_choice(query, "commitMode", COMMIT_MODES),
+        audio_sample_rate=_rate(query), barge_in=_choice(query, "bargeIn", BARGE_IN) == "true")
 
 
 def error_format(query: Mapping[str, Any]) -> tuple[str, int]:
@@ -74,6 +81,20 @@ def _version(query: Mapping[str, Any]) -> int:
         raise _bad(f"protocolVersion={raw!r} is not a supported version (one of "
                    f"{', '.join(map(str, PROTOCOL_VERSIONS))})")
     return version
+
+
+def _rate(query: Mapping[str, Any]) -> int:
+    raw = query.get("audioSampleRate")
+    if raw is None or raw == "":
+        return DEFAULT_AUDIO_RATE
+    try:
+        rate = int(raw)
+    except ValueError:
+        rate = 0
+    if not MIN_AUDIO_RATE <= rate <= MAX_AUDIO_RATE:
+        raise _bad(f"audioSampleRate={raw!r} is not a sample rate in {MIN_AUDIO_RATE}.."
+                   f"{MAX_AUDIO_RATE} Hz")
+    return rate
 
 
 def _choice(query: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:

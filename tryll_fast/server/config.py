@@ -142,6 +142,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pipeline.config", "path", None,
             "pipeline agents and action mappers, TOML (empty = the packaged example: "
             "`innkeeper` and `bard`)", "--pipeline-config"),
+    Setting("pipeline.allowed_origins", "list", (),
+            "web page origins (scheme://host:port) that may open pipeline connections from "
+            "a browser, besides the pipeline's own page; `*` = any. Clients that send no "
+            "Origin (games, scripts) are always served"),
     Setting("transport.send_queue_high_bytes", "int", 4 * MiB,
             "outbound bytes queued for one connection at which its producers pause and its "
             "requests stop being read", minimum=64 * 1024),
@@ -246,6 +250,7 @@ class ServerConfig:
     pipeline_port: int
     pipeline_host: str
     pipeline_config: Path | None
+    pipeline_allowed_origins: tuple[str, ...]
     transport_send_queue_high_bytes: int
     transport_send_queue_low_bytes: int
     transport_stall_timeout_ms: int

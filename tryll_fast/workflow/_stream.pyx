@@ -44,6 +44,7 @@ cdef class AnswerStream:
     cdef public object handle
     cdef list _handoff_ns
     cdef list _sent_ns
+    cdef readonly long long first_handoff_ns   # perf_counter_ns of the first frame's send()
 
     def __cinit__(self, conn, unsigned long long request_id, unsigned long long agent_id,
                   str node_name):
@@ -88,6 +89,8 @@ cdef class AnswerStream:
         return self._conn.queued_bytes
 
     cdef _send(self, bytes frame, Py_ssize_t chars):
+        if self.frames == 0:
+            self.first_handoff_ns = perf_counter_ns()
         self.frames += 1
         self.chars += chars
         if self._fast is not None:

@@ -514,6 +514,10 @@ class Turn:
                 "queue": round(st.queue_wait_s * 1000, 3),
                 "prefill": round(st.prefill_s * 1000, 3),
                 "first_token": round(st.first_token_s * 1000, 3),
+                # the first text handed to the connection (the detokenizer may hold a
+                # token back until the next one completes its text)
+                "first_text": round(stream.first_handoff_ns / 1e6 - handle.t_submit * 1000, 3)
+                if stream is not None and stream.frames else None,
                 "decode": round(st.decode_s * 1000, 3),
                 "total": round(st.total_s * 1000, 3),
             },
