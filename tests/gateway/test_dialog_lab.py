@@ -18,7 +18,8 @@ from tryll_fast.gateway import load_pipeline_config
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 20                 # a page-side condition on the canned agents
-MODEL_WAIT_S = 120          # a turn on the real models, speech included
+MODEL_WAIT_S = 180          # a turn on the real models, speech included (as the innkeeper
+                            # test of test_pipeline_turns.py: a loaded machine is slow)
 
 
 def get(gateway, path: str) -> http.client.HTTPResponse:
