@@ -2,7 +2,9 @@
 (`tryll-gateway`), serving
 - the WebSocket endpoint `/pipeline` (connection parameters in the query string), and
 - Socket.IO on its default path `/socket.io/` (python-socketio's aiohttp mode; the same
-  parameters in the handshake's query; events `text` and `msgpack`).
+  parameters in the handshake's query; events `text` and `msgpack`), and
+- the Dialog Lab: the page at `/`, its files at `/lab/<file>` (the package's `lab/` folder)
+  and the agent list it picks from at `/agents` (docs/pipeline.md, "The Dialog Lab").
 
 Why a thread of its own (docs/architecture.md): the gateway is a second reactor. It parses
 and writes its clients' messages and dispatches their requests into their sessions on its
@@ -20,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -37,6 +40,22 @@ log = logging.getLogger("tryll_fast.gateway")
 WEBSOCKET_PATH = "/pipeline"
 MAX_MESSAGE_BYTES = 1 << 20          # one client message, as one TCP frame at most
 START_TIMEOUT_S = 10.0
+LAB_DIR = Path(__file__).with_name("lab")
+# The Dialog Lab's files by name: a request names one of these or gets a 404, so no path
+# (`..`, encoded slashes) can reach anything else. An AudioWorklet module must be served
+# as JavaScript, which is why the types are spelled out rather than guessed.
+LAB_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
+LAB_FILES = {p.name: LAB_TYPES[p.suffix] for p in LAB_DIR.iterdir()
+             if p.is_file() and p.suffix in LAB_TYPES} if LAB_DIR.is_dir() else {}
+
+
+def _lab_response(name: str) -> web.Response:
+    content_type = LAB_FILES.get(name)
+    if content_type is None:
+        raise web.HTTPNotFound(text=f"no file {name!r} in the Dialog Lab")
+    # read per request (a few kB): an edited file shows on reload, no restart needed
+    return web.Response(body=(LAB_DIR / name).read_bytes(), content_type=content_type,
+                        charset="utf-8", headers={"Cache-Control": "no-cache"})
 
 
 class WebSocketChannel:
@@ -189,6 +208,9 @@ class Gateway:
     async def _listen(self) -> None:
         app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
         app.router.add_get(WEBSOCKET_PATH, self._websocket)
+        app.router.add_get("/", self._lab_page)
+        app.router.add_get("/lab/{name}", self._lab_file)
+        app.router.add_get("/agents", self._agents)
         self.sio.attach(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -209,6 +231,28 @@ class Gateway:
             for conn in list(self.connections):
                 if conn.paused and now - conn.paused_at >= limit:
                     conn.stalled(now - conn.paused_at)
+
+    # ---- the Dialog Lab (loop) ----
+
+    async def _lab_page(self, request: web.Request) -> web.Response:
+        return _lab_response("index.html")
+
+    async def _lab_file(self, request: web.Request) -> web.Response:
+        return _lab_response(request.match_info["name"])
+
+    async def _agents(self, request: web.Request) -> web.Response:
+        """The agents a connection may name, for the Lab's picker. `listens` reads an
+        optional `listen` table (server-side recognition) so this works with or without
+        one in PipelineAgent."""
+        agents = [{"name": a.name, "description": a.description,
+                   "speaks": a.voice is not None,
+                   "listens": getattr(a, "listen", None) is not None,
+                   "actions": sorted({"#" + k for k in (*a.actions, *self.config.actions)})}
+                  for a in self.config.agents.values()]
+        default = self.config.default_agent
+        return web.json_response({"agents": agents,
+                                  "default": default.name if default else None},
+                                 headers={"Cache-Control": "no-cache"})
 
     # ---- connections (loop) ----
 
