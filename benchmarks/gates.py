@@ -109,6 +109,14 @@ class PairedRatio(Ratio):
         return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
+class PairedShare(PairedRatio):
+    """A PairedRatio where ours is expected to be slower than the baseline and the gate
+    bounds by how much (a threshold below 1: the pipeline's Python front door against the
+    reactor's C one). Swapping the sides then passes the threshold too; what shows that
+    the gate measures something is that the honest value is below 1 and the swapped one
+    above (tests/test_benchmark_gates.py)."""
+
+
 class Flat(Ratio):
     """value = num / den, a cost late in a run over the same cost early in it (1 = it did
     not grow), gated `<=`. Swapping the sides puts `baseline`, the same late point measured
@@ -222,6 +230,11 @@ GATES = [
     PairedRatio("game_memory_load_lazy_vs_now",
                 Pick("now_rounds_s", suite="memory", case="load_lazy_vs_now"),
                 Pick("lazy_rounds_s", suite="memory", case="load_lazy_vs_now"), 10.0),
+    PairedShare("pipeline_stream_vs_tcp",
+                Pick("tcp_rounds_s", suite="pipeline", case="stream"),
+                Pick("ws_rounds_s", suite="pipeline", case="stream"), 0.5),
+    Overhead("pipeline_first_token_overhead_ms",
+             Pick("ws_minus_tcp_first_token_ms", suite="pipeline", case="first_token"), 3.0),
     Overhead("workflow_first_token_overhead_ms",
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",

@@ -23,9 +23,11 @@ class ServerProcess:
     """A benchmark server in a subprocess (benchmarks.transport_server)."""
 
     def __init__(self, impl: str, direct_send: bool = True, *, models_dir: str | None = None,
-                 settings: tuple[str, ...] = ()) -> None:
+                 settings: tuple[str, ...] = (), pipeline_config: str | None = None) -> None:
         self.impl = impl
         extra = ["--models-dir", models_dir] if models_dir else []
+        if pipeline_config:
+            extra += ["--pipeline-config", pipeline_config]
         for item in settings:
             extra += ["--set", item]
         self.proc = subprocess.Popen(
@@ -37,6 +39,13 @@ class ServerProcess:
             self.proc.kill()
             raise RuntimeError(f"{impl} server did not start: {line!r}")
         self.port = int(line.split()[1])
+        self.pipeline_port = 0
+        if pipeline_config:
+            line = self.proc.stdout.readline()
+            if not line.startswith("PIPELINE "):
+                self.proc.kill()
+                raise RuntimeError(f"{impl} server's pipeline did not start: {line!r}")
+            self.pipeline_port = int(line.split()[1])
 
     def close(self) -> None:
         try:

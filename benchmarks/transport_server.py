@@ -1,9 +1,10 @@
 """Run one benchmark server in this process until stdin closes.
 
     python -m benchmarks.transport_server --impl reactor|uvloop [--direct-send 0|1]
-        [--models-dir DIR] [--set key=value ...]
+        [--models-dir DIR] [--set key=value ...] [--pipeline-config FILE]
 
-Prints `PORT <n>` once listening. Both implementations are the same Server (sessions,
+Prints `PORT <n>` once listening (and `PIPELINE <n>`, the pipeline transport's port, when
+given a pipeline config; reactor only). Both implementations are the same Server (sessions,
 codec, handlers, dev mode, no models); only the transport differs.
 """
 import argparse
@@ -19,6 +20,7 @@ def main() -> int:
     parser.add_argument("--direct-send", type=int, default=1)
     parser.add_argument("--models-dir", help="models (default: an empty scratch dir)")
     parser.add_argument("--set", action="append", default=[], help="more config overrides")
+    parser.add_argument("--pipeline-config", help="also serve these pipeline agents")
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="tryll-bench-")
     config = load_config(environ={}, flags={
@@ -32,6 +34,10 @@ def main() -> int:
         server = UvloopServer(config)
     _, port = server.start()
     print(f"PORT {port}", flush=True)
+    if args.pipeline_config:
+        from tryll_fast.gateway import Gateway, load_pipeline_config
+        gateway = Gateway(server, load_pipeline_config(args.pipeline_config), port=0)
+        print(f"PIPELINE {gateway.start()[1]}", flush=True)
     sys.stdin.read()          # the benchmark closes our stdin when it is done
     server.shutdown(1.0)
     return 0

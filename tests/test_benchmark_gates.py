@@ -48,6 +48,9 @@ def test_a_gate_fails_when_its_sides_are_swapped(summary, gate):
     honest = gate.measure(summary["results"])
     swapped = gate.measure(gates.swap_sides(summary["results"], gate))
     assert not math.isnan(swapped) and swapped != honest
+    if isinstance(gate, gates.PairedShare):   # a bound on how much slower ours may be
+        assert honest < 1 < swapped, (gate.name, honest, swapped)
+        return
     assert not (gate.passes(honest) and gate.passes(swapped)), (gate.name, honest, swapped)
 
 

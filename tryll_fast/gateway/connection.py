@@ -169,10 +169,21 @@ class PipelineConnection:
         return self._queued
 
     def send(self, frame) -> bool:
-        """A frame from the session (any thread): queued for the pump, in call order."""
+        """A frame from the session (any thread): queued for the pump, in call order.
+        `_put` written out: a streaming turn calls this for every token."""
         if self.closed or self._closing:
             return False
-        self._put(frame, len(frame))
+        with self._lock:
+            self._queue.append(frame)
+            self._queued += len(frame)
+            if self._queued >= self._high and not self.paused:
+                self.paused = True
+                self.paused_at = time.monotonic()
+                self._writable.clear()
+            if self._wake_pending:
+                return True
+            self._wake_pending = True
+        self._wake_pump()
         return True
 
     def wait_writable(self, timeout: float) -> None:
@@ -205,6 +216,9 @@ class PipelineConnection:
             if self._wake_pending:
                 return
             self._wake_pending = True
+        self._wake_pump()
+
+    def _wake_pump(self) -> None:
         if self.gateway.in_loop():
             self._wake.set()
         else:
