@@ -72,6 +72,35 @@ mode = "RequireCall"
 disposition = "Notify"
 tools = [{{ name = "ring_bell", description = "Ring the front desk bell" }}]
 sampling = {{ temperature = 0.0, max_tokens = 32 }}
+
+[agents.guide]                  # its tool call is a navigation request, not a command
+default_model = "{SMOL}"
+tool_elements = {{ go_to = "navigation-specification", offer = "multimodal-interaction" }}
+[agents.guide.nodes.detect]
+type = "ToolCall"
+system_prompt = "You guide the traveller to places in the town."
+mode = "RequireCall"
+disposition = "Notify"
+tools = [{{ name = "go_to", description = "Lead the traveller to a place", parameters = [
+    {{ name = "place", type = "string", enum_values = ["market", "harbour", "temple"] }}] }}]
+sampling = {{ temperature = 0.0, max_tokens = 48 }}
+
+[agents.reader]                 # what it reads in the player becomes a visual state
+default_model = "{SMOL}"
+variables = {{ mood = "calm" }}
+visual_state = {{ emotions = ["mood"] }}
+[agents.reader.nodes.read]
+type = "ClassifyAttributesLLM"
+notify_client = "Always"
+threshold = 0.0
+attributes = [
+    {{ name = "mood", question = "How does the traveller feel?", options = ["happy", "angry", "sad"], target_variable = "mood" }},
+    {{ name = "topic", question = "What does the traveller talk about?", options = ["food", "weather", "travel"] }}]
+found_exit = "line"
+not_found_exit = "line"
+[agents.reader.nodes.line]
+type = "CannedResponse"
+lines = [{{ text = "I see." }}]
 """
 
 

@@ -99,6 +99,15 @@ def test_tables_follow_the_codec():
     (('default_model = "SmolLM2-135M-Instruct"',
       'default_model = "SmolLM2-135M-Instruct"\nvoice = { model_name = "joe", speed = "fast" }'),
      "agents.a.voice.speed", "expected a number"),
+    (('default_model = "SmolLM2-135M-Instruct"',
+      'default_model = "SmolLM2-135M-Instruct"\ntool_elements = { go = "teleport" }'),
+     "agents.a.tool_elements.go", "'teleport' is not one of command, navigation-specification"),
+    (('default_model = "SmolLM2-135M-Instruct"',
+      'default_model = "SmolLM2-135M-Instruct"\nvisual_state = { emotions = "mood" }'),
+     "agents.a.visual_state.emotions", "array of attribute names"),
+    (('default_model = "SmolLM2-135M-Instruct"',
+      'default_model = "SmolLM2-135M-Instruct"\nvisual_state = { colours = [] }'),
+     "agents.a.visual_state.colours", "unknown key"),
 ])
 def test_errors_name_the_key(edit, key, words):
     old, new = edit

@@ -97,3 +97,32 @@ def test_a_client_that_leaves_mid_turn_has_its_agent_cleaned_up(models):
         q.ready()
         q.say("Hi")
         assert any(e.type == "token" for e in q.turn())
+
+
+def test_a_mapped_tool_call_becomes_a_navigation_request(models):
+    _, gateway, _ = models
+    with Pipe(gateway, "agent=guide&outputFormat=MSGPACK") as p:
+        p.ready()
+        p.say("Please take me to the harbour.")
+        turn = p.turn()
+    [nav] = [e for e in turn if e.type == "navigation-specification"]
+    spec = nav.fields["specification"]
+    assert spec["name"] == "go_to" and isinstance(spec["parameters"], dict)
+    assert spec["parameters"].get("place") in ("market", "harbour", "temple")
+    assert nav.fields["turnId"] == turn[-1].fields["turnId"]
+    assert not [e for e in turn if is_command(e, "go_to")]      # not also a command
+
+
+def test_classified_attributes_become_a_visual_state(models):
+    _, gateway, _ = models
+    with Pipe(gateway, "agent=reader&outputFormat=JSON") as p:
+        p.ready()
+        p.say("I am so happy, the food here is wonderful!")
+        turn = p.turn()
+    [visual] = [e for e in turn if e.type == "visual-state"]
+    state = visual.fields["state"]
+    assert len(state["emotions"]) == 1 and state["emotions"][0] in ("happy", "angry", "sad")
+    assert state["reflectiveStates"] == []
+    assert set(state["signals"]) == {"topic"}
+    assert state["signals"]["topic"] in ("food", "weather", "travel")
+    assert turn.index(visual) < next(i for i, e in enumerate(turn) if e.type == "token")

@@ -52,7 +52,11 @@ SENSORY_VARIABLES = {
     "persons": "sensory_persons",
 }
 _AGENT_KEYS = ("description", "default_model", "start", "nodes", "voice", "listen",
-               "variables", "actions", "enable_diagnostics", "maintain_dialogue_history")
+               "variables", "actions", "enable_diagnostics", "maintain_dialogue_history",
+               "tool_elements", "visual_state")
+# What a ToolCall node's detected call may become (`tool_elements`): the command of its
+# name (the default), or one of the elements a client renders.
+TOOL_ELEMENTS = ("command", "navigation-specification", "multimodal-interaction")
 # `listen`: CreateVoiceInput's settings (the audio format comes from the connection) and
 # BeginUtterance's limit.
 _LISTEN_KEYS = ("model_name", "vad_threshold", "vad_min_silence_ms", "vad_speech_pad_ms",
@@ -100,12 +104,23 @@ class Listen:
 
 
 @dataclass(frozen=True)
+class VisualState:
+    """`visual_state`: classified attributes (NodeEvent attributes_classified) become a
+    visual-state element; these names fill `emotions` and `reflectiveStates`, the other
+    attributes `signals`."""
+    emotions: tuple[str, ...] = ()
+    reflective_states: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PipelineAgent:
     name: str
     graph: Any                            # codec.GraphDescription
     default_model: str = ""
     voice: Any = None                     # codec.VoiceProfile | None
     listen: Listen | None = None          # None: raw audio is refused
+    tool_elements: Mapping[str, str] = field(default_factory=dict)   # tool -> TOOL_ELEMENTS
+    visual_state: VisualState | None = None   # None: classified attributes are not shown
     variables: tuple = ()                 # codec.AgentVariable, the sensory ones included
     actions: Mapping[str, ActionMapper] = field(default_factory=dict)
     enable_diagnostics: bool = False
@@ -221,6 +236,17 @@ def _agent(name: str, spec: Any, key: str, source: str) -> PipelineAgent:
     listen = spec.get("listen")
     if listen is not None:
         listen = _listen(listen, f"{key}.listen", source)
+    tool_elements = spec.get("tool_elements", {})
+    where = f"{key}.tool_elements"
+    if not isinstance(tool_elements, Mapping):
+        raise ConfigError(source, where, "expected a table of tool name = element")
+    for tool, element in tool_elements.items():
+        if element not in TOOL_ELEMENTS:
+            raise ConfigError(source, f"{where}.{tool}", f"{element!r} is not one of "
+                                                        f"{', '.join(TOOL_ELEMENTS)}")
+    visual = spec.get("visual_state")
+    if visual is not None:
+        visual = _visual_state(visual, f"{key}.visual_state", source)
     flags = {}
     for flag in ("enable_diagnostics", "maintain_dialogue_history"):
         if flag in spec:
@@ -233,7 +259,7 @@ def _agent(name: str, spec: Any, key: str, source: str) -> PipelineAgent:
             raise ConfigError(source, f"{key}.{text_key}", "expected a string")
     return PipelineAgent(
         name=name, graph=graph, default_model=spec.get("default_model", ""), voice=voice,
-        listen=listen,
+        listen=listen, tool_elements=dict(tool_elements), visual_state=visual,
         variables=_variables(spec.get("variables", {}), f"{key}.variables", source),
         actions=_mappers(spec.get("actions", {}), f"{key}.actions", source),
         description=spec.get("description", ""), **flags)
@@ -257,6 +283,21 @@ def _node(name: str, body: Any, key: str, source: str):
                           "turn, and a pipeline connection cannot resume one yet (use "
                           "Notify or NotifyAndAcknowledge: the call arrives as a command)")
     return params
+
+
+def _visual_state(doc: Any, key: str, source: str) -> VisualState:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(source, key, "expected a table (emotions, reflective_states: the "
+                                       "attribute names that fill them)")
+    _only(doc, ("emotions", "reflective_states"), key, source)
+    names = {}
+    for field_name in ("emotions", "reflective_states"):
+        value = doc.get(field_name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(source, f"{key}.{field_name}", "expected an array of attribute "
+                                                             "names")
+        names[field_name] = tuple(value)
+    return VisualState(**names)
 
 
 def _listen(doc: Any, key: str, source: str) -> Listen:

@@ -800,6 +800,8 @@ class PipelineConnection:
                          description=description, isRecoverable=True)
 
     def _node_event(self, body) -> el.Element | None:
+        if body.event_type == "attributes_classified":
+            return self._visual_state(body)
         if body.event_type != "tool_call":
             return None
         pairs = {p.key: p.value for p in body.kv_pairs}
@@ -809,8 +811,30 @@ class PipelineConnection:
             arguments = {"arguments": pairs.get("arguments_json", "")}
         if not isinstance(arguments, dict):
             arguments = {"arguments": arguments}
-        return self._out("command", str(body.request_id), name=pairs.get("tool_name", ""),
-                         parameters=arguments)
+        name = pairs.get("tool_name", "")
+        kind = self.agent_spec.tool_elements.get(name, "command")
+        turn_id = str(body.request_id)
+        if kind == "navigation-specification":
+            return self._out(kind, turn_id, specification={"name": name,
+                                                           "parameters": arguments})
+        if kind == "multimodal-interaction":
+            return self._out(kind, turn_id, interaction={"name": name, "parameters": arguments})
+        return self._out("command", turn_id, name=name, parameters=arguments)
+
+    def _visual_state(self, body) -> el.Element | None:
+        """A ClassifyAttributesLLM node's result (its notify_client on) as what the client
+        renders: the attributes the agent's `visual_state` names as emotions and reflective
+        states, the rest as signals; unresolved ones (empty) are left out."""
+        spec = self.agent_spec.visual_state
+        if spec is None:
+            return None
+        values = {p.key: p.value for p in body.kv_pairs
+                  if not p.key.endswith(".probability") and p.value}
+        return self._out("visual-state", str(body.request_id), state={
+            "emotions": [values[n] for n in spec.emotions if n in values],
+            "reflectiveStates": [values[n] for n in spec.reflective_states if n in values],
+            "signals": {k: v for k, v in values.items()
+                        if k not in spec.emotions and k not in spec.reflective_states}})
 
     # ---- speech (loop) ----
 
