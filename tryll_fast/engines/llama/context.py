@@ -20,6 +20,9 @@ from tryll_fast.engines.errors import (
 from tryll_fast.engines.llama.model import LlamaModel
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: contexts with more sequences are refused
+# KV cache element types a context may use: name -> (ggml_type, bytes per element).
+KV_TYPES = {"f16": (1, 2.0), "bf16": (30, 2.0), "f32": (0, 4.0),
+            "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
 
@@ -29,7 +32,15 @@ class LlamaContext:
 
     def __init__(self, model: LlamaModel, *, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_batch: int = 512, n_threads: int = 2, n_threads_batch: int = 2,
-                 kv_unified: bool = True, flash_attn_type: int = -1):
+                 kv_unified: bool = True, flash_attn_type: int = -1,
+                 n_ubatch: int | None = None, kv_type: str = "f16"):
+        if kv_type not in KV_TYPES:
+            raise InvalidRequest(f"kv_type={kv_type!r} is not one of {', '.join(KV_TYPES)}")
+        if KV_TYPES[kv_type][1] < 2 and flash_attn_type == 0:
+            # llama.cpp refuses it too, but only with a log line and a NULL context
+            raise InvalidRequest(f"a {kv_type} KV cache needs flash attention, which is off")
+        if n_ubatch is not None and not 1 <= n_ubatch <= n_batch:
+            raise InvalidRequest(f"n_ubatch={n_ubatch} outside [1, n_batch={n_batch}]")
         if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
             raise InvalidRequest(f"n_seq_max={n_seq_max} outside [1, {LLAMA_MAX_SEQ}]")
         if n_batch < 1:
@@ -42,7 +53,8 @@ class LlamaContext:
         p = C.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_batch
-        p.n_ubatch = n_batch
+        p.n_ubatch = n_batch if n_ubatch is None else n_ubatch
+        p.type_k = p.type_v = KV_TYPES[kv_type][0]
         p.n_seq_max = n_seq_max
         p.n_threads = n_threads
         p.n_threads_batch = n_threads_batch
@@ -55,7 +67,8 @@ class LlamaContext:
         ctx = C.llama_init_from_model(model.handle, p)
         if not ctx:
             raise ModelLoadError(
-                f"llama.cpp refused a context (n_ctx={n_ctx}, n_seq_max={n_seq_max})")
+                f"llama.cpp refused a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
+                f"kv_type={kv_type})")
         self._ctx = ctx
         model._contexts.add(self)
         self._mem = C.llama_get_memory(ctx)
@@ -65,7 +78,13 @@ class LlamaContext:
         self.n_ctx_seq = C.llama_n_ctx_seq(ctx)
         self.n_batch = C.llama_n_batch(ctx)
         self.n_seq_max = C.llama_n_seq_max(ctx)
-        self.kv_bytes_per_cell = model.kv_bytes_per_cell
+        self.kv_type = kv_type
+        self.n_threads = n_threads
+        self.flash_attn_type = flash_attn_type
+        # the model's figure is for F16 elements; quantized types are per 32-element block
+        self.kv_bytes_per_cell = round(model.kv_bytes_per_cell / 2 * KV_TYPES[kv_type][1])
+        self.n_ubatch = C.llama_n_ubatch(ctx)
+        self.adapters: tuple = ()
         self._next_pos = [0] * self.n_seq_max
         self._outputs: frozenset[int] = frozenset()
         self._alloc_batch(self.n_batch)
@@ -309,6 +328,17 @@ class LlamaContext:
         self._next_pos[seq_id] = C.llama_memory_seq_pos_max(self._mem, seq_id) + 1
         self._outputs = frozenset()
         return self._next_pos[seq_id]
+
+    def set_adapters(self, adapters) -> None:
+        """Apply LoRA adapters, a sequence of (LoraAdapter, scale), to every later decode.
+        Set once per context: llama.cpp re-plans its compute graph on every change."""
+        ctx = self._live()
+        n = len(adapters)
+        handles = (C.llama_adapter_lora_p_ctypes * n)(*[a.handle for a, _ in adapters])
+        scales = (ctypes.c_float * n)(*[s for _, s in adapters])
+        if C.llama_set_adapters_lora(ctx, handles if n else None, n, scales if n else None):
+            raise DecodeError("llama_set_adapters_lora failed")
+        self.adapters = tuple(adapters)
 
     def clear(self) -> None:
         self._live()

@@ -18,9 +18,8 @@ import time
 
 from tryll_fast.engines.llama import model as model_mod
 from tryll_fast.engines.llama._detok import TextStream
-from tryll_fast.engines.llama.context import LlamaContext
 from tryll_fast.engines.llama.conversations import TIERS
-from tryll_fast.engines.llama.spill import SpillDir
+from tryll_fast.engines.llama.lanes import Lane, LaneKey
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest
 from tryll_fast.engines.llama.model import LlamaModel
 from tryll_fast.engines.llama.request import RequestHandle
@@ -29,6 +28,8 @@ from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 from tryll_fast.engines.llama.scheduler import Request, Scheduler
 
 log = logging.getLogger(__name__)
+
+_BASE = LaneKey()
 
 MAX_THROTTLE_SLEEP_S = 0.25
 
@@ -65,18 +66,24 @@ class LlamaEngine:
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
         self._owns_model = not isinstance(model, LlamaModel)
         self.model = LlamaModel(model) if self._owns_model else model
+        self._lane_args = ({"n_ctx": n_ctx, "n_batch": n_batch, "n_threads": n_threads,
+                            "n_threads_batch": n_threads_batch,
+                            "flash_attn_type": flash_attn_type},
+                           n_slots, n_prefix_slots, prefix_cell_budget, spill_dir, evict_to)
         try:
-            self.ctx = LlamaContext(self.model, n_ctx=n_ctx, n_seq_max=n_slots + n_prefix_slots,
-                                    n_batch=n_batch, n_threads=n_threads,
-                                    n_threads_batch=n_threads_batch, kv_unified=True,
-                                    flash_attn_type=flash_attn_type)
+            base = Lane(self._lane_args[0], self.model, LaneKey(), *self._lane_args[1:])
         except BaseException:
             if self._owns_model:
                 self.model.close()
             raise
-        budget = self.ctx.n_ctx // 2 if prefix_cell_budget is None else prefix_cell_budget
-        spill = SpillDir(spill_dir, label=os.path.splitext(os.path.basename(self.model.path))[0])
-        self._sched = Scheduler(self.ctx, n_slots, budget, spill, evict_to)
+        base.refs = 1
+        # lane key -> lane; the base lane first. Changed on the scheduler thread only.
+        self._lanes: dict[LaneKey, Lane] = {base.key: base}
+        self._rotation = 0
+        # conversation key -> the lane holding it (scheduler thread)
+        self._key_lane: dict = {}
+        self.ctx = base.ctx
+        self._sched = base.sched
         self._sched.prefill_while_decoding = prefill_while_decoding
         self._piece_fn = model_mod.token_to_piece_address()
         self._ids = itertools.count(1)
@@ -121,7 +128,8 @@ class LlamaEngine:
 
     def submit(self, prompt, *, key=None, sampling: SamplingParams | None = None,
                priority: Priority = Priority.INTERACTIVE, shared_prefix_len: int = 0,
-               on_text=None, on_finish=None, gate=None, **sampling_fields) -> RequestHandle:
+               on_text=None, on_finish=None, gate=None, lane: LaneKey | None = None,
+               **sampling_fields) -> RequestHandle:
         """Queue a generation; returns at once with a handle.
 
         prompt: text (tokenized with special tokens parsed, BOS as the model
@@ -136,8 +144,15 @@ class LlamaEngine:
         before each step (a transport Connection): while it is true the request
         samples no new token (it keeps its slot and KV); call wake() when it
         clears.
+        lane: the context to run on (open_lane(); None = the engine's own). A conversation
+        key submitted to another lane than before is re-decoded there: its KV was computed
+        under the other lane's adapters.
         """
         self._check_open()
+        if lane is None:
+            lane = _BASE
+        elif lane not in self._lanes:
+            raise InvalidRequest(f"lane {lane.describe()!r} is not open (open_lane() first)")
         if sampling is None:
             sampling = SamplingParams(**sampling_fields)
         elif sampling_fields:
@@ -181,7 +196,7 @@ class LlamaEngine:
             if self._closing:
                 chain.free()
                 raise EngineClosed("engine is closed")
-            self._incoming.append(req)
+            self._incoming.append((lane, req))
             self._cv.notify()
         return handle
 
@@ -223,19 +238,18 @@ class LlamaEngine:
             raise InvalidRequest(f"tier={tier!r} is not one of {', '.join(TIERS)}")
 
         def run():
-            conv = self._sched.slots.get(key)
+            sched = self._lane_of(key).sched
+            conv = sched.slots.get(key)
             if conv is None:
                 raise InvalidRequest(f"no conversation {key!r}")
-            self._sched.slots.evict(conv, tier)
+            sched.slots.evict(conv, tier)
         self._call(run, timeout)
 
     def release(self, key, timeout: float | None = 30) -> None:
         """Cancel the conversation's requests and free its KV and saved state."""
         def run():
-            self._sched.cancel_key(key)
-            conv = self._sched.slots.get(key)
-            if conv is not None:
-                self._sched.slots.release(conv)
+            self._release_key(self._lane_of(key), key)
+            self._key_lane.pop(key, None)
         self._call(run, timeout)
 
     def conversation(self, key, prefix=None, timeout: float | None = 30) -> dict | None:
@@ -243,33 +257,104 @@ class LlamaEngine:
         whether its KV is in a seq slot or saved (`saved`; `stored`: "file" or "host"), whether
         it is busy, and whether its tokens start with `prefix` (a token list)."""
         def run():
-            conv = self._sched.slots.get(key)
+            lane = self._lane_of(key)
+            conv = lane.sched.slots.get(key)
             if conv is None:
                 return None
             held = conv.tokens
             return {"tokens": len(held), "resident": conv.resident,
                     "saved": conv.stored is not None, "stored": conv.stored,
-                    "busy": conv.busy,
+                    "busy": conv.busy, "lane": lane.key.describe(),
                     "holds_prefix": prefix is not None and len(held) >= len(prefix)
                     and held[:len(prefix)] == list(prefix)}
         return self._call(run, timeout)
 
     def clear_prefixes(self, timeout: float | None = 30) -> int:
         """Drop every shared prefix nobody is attached to; returns how many."""
-        return self._call(self._sched.cache.evict_idle, timeout)
+        return self._call(lambda: sum(lane.sched.cache.evict_idle()
+                                      for lane in self._lanes.values()), timeout)
 
     def memory(self, timeout: float | None = 30) -> dict:
-        """Plain-dict accounting: model weights, KV cells/bytes per context, sequence, prefix."""
-        return self._call(self._sched.memory, timeout)
+        """Plain-dict accounting: model weights, KV cells/bytes per context, sequence, prefix.
+        The engine's own context at the top level; every other lane's under "lanes", each
+        with the same keys and a "lane" describing it."""
+        def run():
+            out = self._sched.memory()
+            out["lane"] = self._lanes[_BASE].describe()
+            out["lanes"] = [dict(lane.sched.memory(), lane=lane.describe())
+                            for key, lane in self._lanes.items() if not key.is_base]
+            out["adapters"] = self.model.adapters
+            return out
+        return self._call(run, timeout)
 
     def status(self, timeout: float | None = 30) -> dict:
-        return self._call(self._sched.status, timeout)
+        """The engine's own context's scheduler counters; the other lanes' under "lanes"."""
+        def run():
+            out = self._sched.status()
+            out["lanes"] = {lane.key.describe(): lane.sched.status()
+                            for key, lane in self._lanes.items() if not key.is_base}
+            return out
+        return self._call(run, timeout)
+
+    # -- lanes ----------------------------------------------------------------------------
+
+    def open_lane(self, key: LaneKey, timeout: float | None = 120) -> LaneKey:
+        """Take a reference to the lane for `key`, making its context (and loading its
+        adapters) the first time; close_lane() gives it back. Raises ModelLoadError or
+        InvalidRequest naming what llama.cpp cannot make of it."""
+        if not isinstance(key, LaneKey):
+            raise InvalidRequest(f"lane key {key!r} is not a LaneKey")
+
+        def run():
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = Lane(self._lane_args[0], self.model, key, *self._lane_args[1:])
+                lane.sched.throttle = self._sched.throttle
+                lane.sched.prefill_while_decoding = self._sched.prefill_while_decoding
+                self._lanes[key] = lane
+                log.info("llama lane opened: %s on %s", key.describe(),
+                         os.path.basename(self.model.path))
+            lane.refs += 1
+            return key
+        return self._call(run, timeout)
+
+    def close_lane(self, key: LaneKey, timeout: float | None = 30) -> None:
+        """Give back a reference from open_lane(); the last one frees the lane's context,
+        its conversations and its adapter references (the base lane is never closed)."""
+        def run():
+            lane = self._lanes.get(key)
+            if lane is None or key.is_base:
+                return
+            lane.refs -= 1
+            if lane.refs > 0:
+                return
+            del self._lanes[key]
+            for k in [k for k, v in self._key_lane.items() if v is key or v == key]:
+                del self._key_lane[k]
+            lane.close()
+            log.info("llama lane closed: %s", key.describe())
+        self._call(run, timeout)
+
+    def lanes(self, timeout: float | None = 30) -> list[dict]:
+        """Every open lane: its key described, adapters, context settings, users."""
+        return self._call(lambda: [lane.describe() for lane in self._lanes.values()], timeout)
+
+    def _lane_of(self, key) -> Lane:
+        return self._lanes.get(self._key_lane.get(key, _BASE)) or self._lanes[_BASE]
+
+    @staticmethod
+    def _release_key(lane: Lane, key) -> None:
+        lane.sched.cancel_key(key)
+        conv = lane.sched.slots.get(key)
+        if conv is not None:
+            lane.sched.slots.release(conv)
 
     def set_throttle(self, throttle: float) -> None:
         """0 = full speed; towards 1 the scheduler sleeps longer between steps."""
         if not isinstance(throttle, (int, float)) or not 0.0 <= throttle <= 1.0:
             raise InvalidRequest(f"throttle={throttle!r} outside [0, 1]")
-        self._sched.throttle = float(throttle)
+        for lane in getattr(self, "_lanes", {}).values():
+            lane.sched.throttle = float(throttle)
 
     @property
     def throttle(self) -> float:
@@ -284,7 +369,8 @@ class LlamaEngine:
     def prefill_while_decoding(self, n: int) -> None:
         if not isinstance(n, int) or n < 0:
             raise InvalidRequest(f"prefill_while_decoding={n!r} must be an int >= 0")
-        self._sched.prefill_while_decoding = n
+        for lane in self._lanes.values():
+            lane.sched.prefill_while_decoding = n
 
     @contextlib.contextmanager
     def hold(self):
@@ -325,13 +411,33 @@ class LlamaEngine:
 
     # -- the scheduler thread -------------------------------------------------------------
 
+    def _has_work(self) -> bool:
+        return any(lane.sched.has_work() for lane in self._lanes.values())
+
+    def _route(self, lane_key: LaneKey, r: Request) -> None:
+        lane = self._lanes.get(lane_key)
+        if lane is None:                       # closed between submit() and now
+            r.chain.free()
+            r.handle._finish(FinishReason.ERROR, f"lane {lane_key.describe()!r} was closed")
+            return
+        if not r.anonymous:
+            old = self._key_lane.get(r.key, _BASE)
+            if old != lane_key:                # its KV was computed under other adapters
+                prev = self._lanes.get(old)
+                if prev is not None:
+                    self._release_key(prev, r.key)
+                if lane_key.is_base:
+                    del self._key_lane[r.key]
+                else:
+                    self._key_lane[r.key] = lane_key
+        lane.sched.enqueue(r)
+
     def _loop(self) -> None:
-        s = self._sched
         idle_wait = None
         while True:
             with self._cv:
                 while not (self._closing or self._commands or self._incoming or self._nudged
-                           or (self._hold == 0 and s.has_work())):
+                           or (self._hold == 0 and self._has_work())):
                     self._cv.wait()
                 if idle_wait:
                     self._cv.wait(idle_wait)
@@ -342,34 +448,50 @@ class LlamaEngine:
                 held = self._hold > 0
                 self._nudged = False
             try:
-                for r in incoming:
-                    s.enqueue(r)
+                for lane_key, r in incoming:
+                    self._route(lane_key, r)
                 for fn, fut in commands:
                     try:
                         fut.set_result(fn())
                     except BaseException as e:
                         fut.set_exception(e)
-                s.sweep_cancelled()
+                lanes = list(self._lanes.values())
+                for lane in lanes:
+                    lane.sched.sweep_cancelled()
                 if held:
                     idle_wait = None
                     continue
-                s.admit()
-                t0 = time.perf_counter()
-                stepped = s.step()
+                # one step per lane with work, the first lane rotating: lanes share the
+                # thread (and llama.cpp's threads) step by step, none waits for another's
+                # requests to end
+                n = len(lanes)
+                first = self._rotation % n
+                self._rotation += 1
+                stepped_any = False
+                for i in range(n):
+                    s = lanes[(first + i) % n].sched
+                    if not s.has_work():
+                        continue
+                    s.admit()
+                    t0 = time.perf_counter()
+                    stepped = s.step()
+                    stepped_any = stepped_any or stepped
+                    if stepped and s.throttle > 0:
+                        dt = time.perf_counter() - t0
+                        t = s.throttle
+                        pause = (MAX_THROTTLE_SLEEP_S if t >= 1
+                                 else min(MAX_THROTTLE_SLEEP_S, dt * t / (1 - t)))
+                        s.throttle_pauses += 1
+                        self._stop.wait(pause)
                 # nothing to decode but work queued (e.g. a conversation busy): don't spin
-                idle_wait = None if stepped or not s.has_work() else 0.01
-                if stepped and s.throttle > 0:
-                    dt = time.perf_counter() - t0
-                    t = s.throttle
-                    pause = (MAX_THROTTLE_SLEEP_S if t >= 1
-                             else min(MAX_THROTTLE_SLEEP_S, dt * t / (1 - t)))
-                    s.throttle_pauses += 1
-                    self._stop.wait(pause)
+                idle_wait = None if stepped_any or not self._has_work() else 0.01
             except Exception as e:  # a bug must fail requests, not silently kill the thread
                 log.exception("llama scheduler step failed")
-                for r in list(s.running):
-                    s._finish(r, FinishReason.ERROR, f"scheduler error: {e!r}")
-                s._drop_finished()
+                for lane in list(self._lanes.values()):
+                    s = lane.sched
+                    for r in list(s.running):
+                        s._finish(r, FinishReason.ERROR, f"scheduler error: {e!r}")
+                    s._drop_finished()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -387,13 +509,13 @@ class LlamaEngine:
         with self._cv:
             leftover, self._incoming = self._incoming, []
             commands, self._commands = self._commands, []
-        for r in leftover:
-            self._sched.enqueue(r)
+        for _, r in leftover:
+            self._sched.enqueue(r)                 # cancelled with the base lane's
         for _, fut in commands:
             fut.set_exception(EngineClosed("engine is closed"))
-        self._sched.shutdown()
-        self._sched.slots.close()
-        self.ctx.close()
+        for key in [k for k in self._lanes if not k.is_base]:
+            self._lanes.pop(key).close()
+        self._lanes[_BASE].close()
         if self._owns_model:
             self.model.close()
         self._closed = True

@@ -56,6 +56,7 @@ class LlamaModel:
         self._vocab = C.llama_model_get_vocab(model)
         self._lock = threading.Lock()
         self._contexts = weakref.WeakSet()  # open contexts: freeing the weights under them crashes
+        self._adapters: dict[str, LoraAdapter] = {}     # real path -> the loaded adapter
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_layer = C.llama_model_n_layer(model)
@@ -224,6 +225,49 @@ class LlamaModel:
             if not isinstance(t, int) or t < 0 or t >= n:
                 raise InvalidRequest(f"token id {t!r} outside the vocabulary [0, {n})")
 
+    # -- LoRA adapters --------------------------------------------------------------------
+
+    def acquire_adapter(self, path) -> "LoraAdapter":
+        """The LoRA adapter in GGUF file `path`, loaded once per model and shared: each call
+        takes a reference (release_adapter gives it back; the last one frees it).
+        ModelLoadError names the file and why it is not an adapter for this model."""
+        real = os.path.realpath(os.fspath(path))
+        with self._lock:
+            adapter = self._adapters.get(real)
+            if adapter is not None:
+                adapter.refs += 1
+                return adapter
+        check_lora_file(real, self.architecture)
+        with self._lock:
+            handle = C.llama_adapter_lora_init(self.handle, real.encode())
+            if not handle:
+                raise ModelLoadError(
+                    f"{os.path.basename(real)!r} is not a LoRA adapter for "
+                    f"{os.path.basename(self.path)!r}: llama.cpp refused its tensors (names or "
+                    "shapes that are not this model's)")
+            adapter = self._adapters.get(real)
+            if adapter is None:          # another thread may have loaded it meanwhile
+                adapter = self._adapters[real] = LoraAdapter(real, handle)
+            else:
+                C.llama_adapter_lora_free(handle)
+            adapter.refs += 1
+            return adapter
+
+    def release_adapter(self, adapter: "LoraAdapter") -> None:
+        with self._lock:
+            adapter.refs -= 1
+            if adapter.refs <= 0 and self._adapters.get(adapter.path) is adapter:
+                del self._adapters[adapter.path]
+                if self._model is not None:
+                    C.llama_adapter_lora_free(adapter.handle)
+                adapter.handle = None
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """Loaded adapters: real path -> references."""
+        with self._lock:
+            return {p: a.refs for p, a in self._adapters.items()}
+
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -235,6 +279,9 @@ class LlamaModel:
                 " close them (or their engines) first")
         with self._lock:
             if self._model is not None:
+                for adapter in self._adapters.values():    # freed with the model
+                    adapter.handle = None
+                self._adapters.clear()
                 C.llama_model_free(self._model)
                 self._model = None
                 self._vocab = None
@@ -248,3 +295,48 @@ class LlamaModel:
     def __repr__(self):
         state = "closed" if self.closed else f"{self.n_params / 1e6:.0f}M params"
         return f"LlamaModel({os.path.basename(self.path)!r}, {state})"
+
+
+class LoraAdapter:
+    """A LoRA adapter loaded for one model (LlamaModel.acquire_adapter)."""
+    __slots__ = ("path", "handle", "refs")
+
+    def __init__(self, path: str, handle) -> None:
+        self.path = path
+        self.handle = handle
+        self.refs = 0
+
+    def __repr__(self):
+        return f"LoraAdapter({os.path.basename(self.path)!r}, refs={self.refs})"
+
+
+def check_lora_file(path: str, architecture: str) -> None:
+    """Refuse, naming the reason, a file llama.cpp would refuse as a LoRA adapter for a model
+    of `architecture` (llama.cpp only logs why and returns NULL)."""
+    import gguf
+
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"LoRA adapter {name!r} is not a file")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ModelLoadError(f"{name!r} is not a GGUF file: {exc}") from None
+
+    def text(key: str) -> str | None:
+        field = reader.fields.get(key)
+        if field is None or not field.data:
+            return None
+        try:
+            return bytes(field.parts[field.data[0]]).decode()
+        except (UnicodeDecodeError, IndexError, TypeError):
+            return None
+
+    if text("general.type") != "adapter" or text("adapter.type") != "lora":
+        raise ModelLoadError(f"{name!r} is a GGUF file but not a LoRA adapter "
+                             f"(general.type={text('general.type')!r}, "
+                             f"adapter.type={text('adapter.type')!r})")
+    arch = text("general.architecture")
+    if arch != architecture:
+        raise ModelLoadError(f"LoRA adapter {name!r} is for architecture {arch!r}, the model "
+                             f"is {architecture!r}")
