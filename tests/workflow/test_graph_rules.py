@@ -1,4 +1,4 @@
-"""CreateAgent's checks over TCP: every rule gets 3003 (or 2007 for what this build lacks)
+"""CreateAgent's checks over TCP: every rule gets 3003
 with a message naming the node, the exit, the target or the bad value."""
 import pytest
 
@@ -79,21 +79,6 @@ def test_other_node_params(w):
     assert "node 'i'" in err.message and "instruction: Mustache syntax error" in err.message
     err = create_error(w, graph(node("c", canned("x", selection_strategy=5))), G)
     assert "selection_strategy 5" in err.message
-
-
-@pytest.mark.model
-@pytest.mark.parametrize("params,words", [
-    (codec.SummarizeParams(context=codec.ContextOverrides(n_batch=64)),
-     "per-node context overrides"),
-    (codec.SummarizeParams(adaptation=codec.ModelAdaptation(
-        loras=[codec.LoraAdapter(path="a.gguf")])), "LoRA adaptation"),
-    (gen(context=codec.ContextOverrides(n_batch=64)), "per-node context overrides"),
-    (gen(adaptation=codec.ModelAdaptation(loras=[codec.LoraAdapter(path="a.gguf")])),
-     "LoRA adaptation"),
-])
-def test_what_this_build_lacks_is_2007(w, params, words):
-    err = create_error(w, graph(node("n", params)), ErrorCode.FeatureNotAvailable)
-    assert "node 'n'" in err.message and words in err.message, err.message
 
 
 @pytest.mark.model

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -109,6 +110,70 @@ class SamplingParams:
                 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
 
 
+# KV cache element types a context may be asked for (ContextSpec.kv_type).
+KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")
+# ContextSpec.flash_attn values (llama.cpp's llama_flash_attn_type)
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    """The context a request runs on, besides the model: LoRA adapters and overrides. The
+    default spec is the engine's own context. adapters: (real path, scale) pairs, scale != 0,
+    sorted by path; kv_type None, n_batch / n_ubatch / n_threads 0 and flash_attn None mean
+    the engine's settings. Hashable: equal specs share one context."""
+    adapters: tuple[tuple[str, float], ...] = ()
+    kv_type: str | None = None
+    n_batch: int = 0
+    n_ubatch: int = 0
+    flash_attn: int | None = None
+    n_threads: int = 0
+
+    @classmethod
+    def make(cls, adapters=(), *, kv_type: str | None = None, n_batch: int = 0,
+             n_ubatch: int = 0, flash_attn: int | None = None,
+             n_threads: int = 0) -> "ContextSpec":
+        """A validated spec; adapters: (path, scale) pairs. A scale of 0 turns an adapter
+        off (it is left out), so a set whose scales are all 0 is the engine's own context."""
+        merged: dict[str, float] = {}
+        for i, (path, scale) in enumerate(adapters):
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                    or not math.isfinite(scale):
+                raise InvalidRequest(f"adapters[{i}].scale {scale!r} is not a finite number")
+            real = os.path.realpath(os.fspath(path))
+            if real in merged:
+                raise InvalidRequest(f"adapters[{i}]: {os.path.basename(real)!r} is listed "
+                                     "twice")
+            merged[real] = float(scale)
+        if kv_type is not None and kv_type not in KV_CACHE_TYPES:
+            raise InvalidRequest(f"kv_type={kv_type!r} is not one of "
+                                 f"{', '.join(KV_CACHE_TYPES)}")
+        for name, value in (("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                            ("n_threads", n_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(f"{name}={value!r} must be an int >= 0 (0 = the engine's)")
+        if flash_attn is not None and flash_attn not in FLASH_ATTN.values():
+            raise InvalidRequest(f"flash_attn={flash_attn!r} is not one of -1 (auto), 0, 1")
+        return cls(tuple(sorted((p, s) for p, s in merged.items() if s != 0.0)),
+                   kv_type, n_batch, n_ubatch, flash_attn, n_threads)
+
+    @property
+    def is_base(self) -> bool:
+        return self == _BASE_SPEC
+
+    def describe(self) -> str:
+        """A short human name: 'base', or the adapters and overrides it differs by."""
+        parts = [f"{os.path.basename(p)}@{s:g}" for p, s in self.adapters]
+        for name in ("kv_type", "n_batch", "n_ubatch", "flash_attn", "n_threads"):
+            value = getattr(self, name)
+            if value not in (None, 0) or (name == "flash_attn" and value == 0):
+                parts.append(f"{name}={value}")
+        return " ".join(parts) or "base"
+
+
+_BASE_SPEC = ContextSpec()
+
+
 @runtime_checkable
 class GenerationHandle(Protocol):
     """One submitted generation (LanguageModel.submit)."""
@@ -140,8 +205,13 @@ class LanguageModel(Protocol):
                shared_prefix_len: int = 0, priority: Priority = Priority.INTERACTIVE,
                on_text: Callable[[str], None] | None = None,
                on_finish: Callable[[Any], None] | None = None,
-               gate: Any = None, **kw: Any) -> GenerationHandle: ...
+               gate: Any = None, lane: ContextSpec | None = None,
+               **kw: Any) -> GenerationHandle: ...
     def prefill(self, key, prompt, *, shared_prefix_len: int = 0, **kw: Any) -> Any: ...
+    # A context for a ContextSpec (adapters, overrides): taken before submitting with
+    # lane=spec, given back when its user goes; raises EngineError naming what is wrong.
+    def open_lane(self, spec: ContextSpec, timeout: float | None = 120) -> ContextSpec: ...
+    def close_lane(self, spec: ContextSpec, timeout: float | None = 30) -> None: ...
     def evict(self, key, timeout: float | None = 30, tier: str | None = None) -> None: ...
     def release(self, key, timeout: float | None = 30) -> None: ...
     def conversation(self, key, prefix=None, timeout: float | None = 30) -> dict | None: ...

@@ -48,37 +48,21 @@ def snapshot(server, request_id: int,
         mem = info.get("engine_memory")
         if not mem:
             continue
-        ctx = mem["context"]
-        bpc = ctx["kv_bytes_per_cell"]
-        for prefix in mem["prefixes"]:
+        # the engine's own context, then one per lane (LoRA adapters, context overrides)
+        for lane_mem in [mem, *mem.get("lanes", ())]:
+            entries.extend(_context_entries(name, lane_mem, describe_key))
+        for adapter in mem.get("adapters", ()):
             entries.append(codec.MemoryConsumptionEntry(
-                owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=prefix["kv_bytes"],
-                owner_name=f"shared prefix {prefix['id']} ({prefix['tokens']} tokens, "
-                           f"{prefix['refs']} attached)",
-                model_name=name, shared=True))
-        for label, seq in mem["sequences"].items():
-            session_id, agent_id, node_name, consumer = describe_key(seq.get("key"))
-            if seq["kv_bytes"]:
-                entries.append(codec.MemoryConsumptionEntry(
-                    owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=seq["kv_bytes"],
-                    consumer_class=consumer, owner_name=f"sequence {label}", model_name=name,
-                    session_id=session_id, agent_id=agent_id, node_name=node_name))
-            if seq["host_bytes"]:
-                entries.append(codec.MemoryConsumptionEntry(
-                    owner_kind=Kind.EvictedKvState, tier=Tier.Ram, size_bytes=seq["host_bytes"],
-                    consumer_class=consumer, owner_name=f"sequence {label}", model_name=name,
-                    session_id=session_id, agent_id=agent_id, node_name=node_name))
-        free_cells = max(0, ctx["kv_cells_total"] - ctx["kv_cells_used"])
-        entries.append(codec.MemoryConsumptionEntry(
-            owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=free_cells * bpc,
-            owner_name=f"free cells ({free_cells} of {ctx['kv_cells_total']})", model_name=name,
-            shared=True))
+                owner_kind=Kind.LoraAdapter, tier=Tier.Ram, size_bytes=adapter["bytes"],
+                owner_name=f"LoRA adapter {os.path.basename(adapter['path'])} "
+                           f"({adapter['refs']} contexts)", model_name=name, shared=True))
     for session in list(server.connections):
         queued = session.conn.queued_bytes
         if queued:
             entries.append(codec.MemoryConsumptionEntry(
                 owner_kind=Kind.Other, tier=Tier.Ram, size_bytes=queued,
                 owner_name="outbound frames queued", session_id=session.id))
+
     used = {tier: 0 for tier in Tier}
     for e in entries:
         used[Tier(e.tier)] += e.size_bytes
@@ -91,3 +75,37 @@ def snapshot(server, request_id: int,
     return codec.GetMemoryConsumptionResponse(
         request_id=request_id, captured_at_ms=int(time.time() * 1000), tiers=tiers,
         entries=entries)
+
+
+def _context_entries(name: str, mem: dict, describe_key) -> list:
+    """A context's KV entries: shared prefixes, sequences, evicted states, free cells."""
+    entries: list[codec.MemoryConsumptionEntry] = []
+    lane = mem.get("lane", {}).get("lane", "base")
+    where = "" if lane == "base" else f" [{lane}]"
+    ctx = mem["context"]
+    bpc = ctx["kv_bytes_per_cell"]
+    for prefix in mem["prefixes"]:
+        entries.append(codec.MemoryConsumptionEntry(
+            owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=prefix["kv_bytes"],
+            owner_name=f"shared prefix {prefix['id']} ({prefix['tokens']} tokens, "
+                       f"{prefix['refs']} attached){where}",
+            model_name=name, shared=True))
+    for label, seq in mem["sequences"].items():
+        session_id, agent_id, node_name, consumer = describe_key(seq.get("key"))
+        if seq["kv_bytes"]:
+            entries.append(codec.MemoryConsumptionEntry(
+                owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=seq["kv_bytes"],
+                consumer_class=consumer, owner_name=f"sequence {label}{where}", model_name=name,
+                session_id=session_id, agent_id=agent_id, node_name=node_name))
+        if seq["host_bytes"]:
+            entries.append(codec.MemoryConsumptionEntry(
+                owner_kind=Kind.EvictedKvState, tier=Tier.Ram, size_bytes=seq["host_bytes"],
+                consumer_class=consumer, owner_name=f"sequence {label}{where}", model_name=name,
+                session_id=session_id, agent_id=agent_id, node_name=node_name))
+    free_cells = max(0, ctx["kv_cells_total"] - ctx["kv_cells_used"])
+    entries.append(codec.MemoryConsumptionEntry(
+        owner_kind=Kind.KvCache, tier=Tier.Ram, size_bytes=free_cells * bpc,
+        owner_name=f"free cells ({free_cells} of {ctx['kv_cells_total']}){where}",
+        model_name=name,
+        shared=True))
+    return entries

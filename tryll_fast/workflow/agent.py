@@ -26,7 +26,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tryll_fast import codec
-from tryll_fast.errors import AgentBusy, AgentNotPaused
+from tryll_fast.engines.errors import EngineError
+from tryll_fast.errors import AgentBusy, AgentNotPaused, ErrorCode, TryllError
 from tryll_fast.workflow.dialog import Dialog
 from tryll_fast.workflow.graph import Graph
 from tryll_fast.workflow.projection import Projection
@@ -103,6 +104,9 @@ class Agent:
         self.lock = threading.Lock()
         self.turn: "Turn | None" = None
         self.leases: dict[str, Any] = {}
+        # node name -> (engine, ContextSpec): the lanes (LoRA adapters, context overrides)
+        # this agent holds open on its engines
+        self.lanes: dict[str, tuple[Any, Any]] = {}
         self.projections: dict[str, Projection] = {}
         self._node_state: dict[str, dict] = {}
         self.background: set = set()    # jobs with cancel() (nodes/summarize.py)
@@ -188,10 +192,46 @@ class Agent:
         return names
 
     def lease_all(self) -> None:
-        """Blocking (a worker): take a lease on every model the graph uses."""
+        """Blocking (a worker): take a lease on every model the graph uses, and open the
+        context every node with adapters or overrides runs on."""
         for name in sorted(self.model_names()):
             if name not in self.leases:
                 self.leases[name] = self.runtime.models.lease(name)
+        for node in self.graph.nodes.values():
+            self.open_lane(node)
+
+    def open_lane(self, node):
+        """Blocking (a worker): the ContextSpec `node` runs on, its lane opened on the
+        node's engine the first time (None: the engine's own context). A file llama.cpp
+        cannot apply, or overrides it cannot make a context with, is 3003 naming both."""
+        spec = getattr(node, "spec", None)
+        lane = getattr(spec, "lane", None)
+        if lane is None:
+            return None
+        held = self.lanes.get(node.name)
+        if held is not None:
+            return held[1]
+        lease = self.leases.get(spec.model)
+        if lease is None:
+            lease = self.leases[spec.model] = self.runtime.models.lease(spec.model)
+        try:
+            lease.obj.open_lane(lane)
+        except EngineError as exc:
+            files = ", ".join(repr(p) for p, _ in spec.adapters) or "no adapters"
+            raise TryllError(ErrorCode.GraphCompilationFailed,
+                             f"node {node.name!r}: model {spec.model!r} cannot run with "
+                             f"{lane.describe()} ({files}): {exc.message}") from None
+        self.lanes[node.name] = (lease.obj, lane)
+        return lane
+
+    async def lane(self, node):
+        """The ContextSpec `node` runs on (None = the engine's own); opened on a worker the
+        first time, for an agent whose models were not leased at creation."""
+        held = self.lanes.get(node.name)
+        if held is not None or getattr(node.spec, "lane", None) is None:
+            return held[1] if held else None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.runtime.workers, self.open_lane, node)
 
     async def engine(self, model: str):
         lease = self.leases.get(model)
@@ -241,7 +281,14 @@ class Agent:
         return turn
 
     def release(self) -> None:
-        """Blocking (a worker): free the engine conversations and the model leases."""
+        """Blocking (a worker): free the engine conversations, lanes and model leases."""
+        for name, (engine, lane) in list(self.lanes.items()):
+            try:
+                engine.release(self.conv_key(name))
+                engine.close_lane(lane)
+            except Exception as exc:   # a closed engine has nothing left to free
+                log.debug("lane of %s/%s: %s", self.id, name, exc)
+        self.lanes.clear()
         for node in self.graph.nodes.values():
             if not node.type.uses_model:
                 continue

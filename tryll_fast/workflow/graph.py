@@ -41,6 +41,8 @@ class CompileContext:
     # a node's embedded_string_storage, where -> the EmbeddedStorage (a session storage by
     # name or a KB config under the storage root; knowledge/embedded.py)
     resolve_embedded: Callable[[str, str], Any] | None = None
+    # where a node's files (LoRA adapters) are found; None = nowhere
+    storage_root: Any = None
 
     def fail(self, where: str, problem: str) -> TryllError:
         return TryllError(self.code, f"{where}: {problem}")

@@ -108,7 +108,8 @@ def prefill(agent, timeout: float = 300.0) -> KvReport:
             report.tokens_reused += len(tokens)
             continue
         pending.append((entry, engine.prefill(key, tokens, shared_prefix_len=shared,
-                                              priority=agent.priority)))
+                                              priority=agent.priority,
+                                              lane=agent.open_lane(node))))
     for entry, handle in pending:
         handle.wait(timeout)
         if handle.error is not None:

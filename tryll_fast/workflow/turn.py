@@ -339,6 +339,7 @@ class Turn:
         runtime = agent.runtime
         self._mark("node_start")
         engine = await agent.engine(spec.model)
+        lane = await agent.lane(node) if spec.lane is not None else None
         if self.cancelled:
             raise TurnCancelled()
         formatter = runtime.formatter(engine)
@@ -377,7 +378,7 @@ class Turn:
                                    sampling=sampling, priority=agent.priority,
                                    shared_prefix_len=prompt.shared_prefix_len,
                                    on_text=text_sink,
-                                   on_finish=finished, gate=self.conn)
+                                   on_finish=finished, gate=self.conn, lane=lane)
             if stream is not None:
                 stream.handle = handle
             self._mark("submitted")
@@ -502,6 +503,9 @@ class Turn:
         st = handle.stats
         out = {
             "model": spec.model,
+            # the context it ran on: "base", or its adapters (scale) and overrides
+            "context": spec.lane.describe() if spec.lane is not None else "base",
+            "adapters": [{"path": path, "scale": scale} for path, scale in spec.adapters],
             "prompt": prompt.text,
             "prompt_tokens": len(prompt.tokens),
             "shared_prefix_tokens": prompt.shared_prefix_len,

@@ -205,12 +205,13 @@ class LlamaEngine:
         return self.submit(prompt, **kw).result(timeout)
 
     def prefill(self, key, prompt, *, shared_prefix_len: int = 0,
-                priority: Priority = Priority.BACKGROUND) -> RequestHandle:
+                priority: Priority = Priority.BACKGROUND,
+                lane: LaneKey | None = None) -> RequestHandle:
         """Decode a prompt into the conversation's KV without generating."""
         if key is None:
             raise InvalidRequest("prefill needs a conversation key (its KV is what is kept)")
         return self.submit(prompt, key=key, sampling=SamplingParams(max_tokens=0),
-                           priority=priority, shared_prefix_len=shared_prefix_len)
+                           priority=priority, shared_prefix_len=shared_prefix_len, lane=lane)
 
     def _prompt_tokens(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -283,7 +284,7 @@ class LlamaEngine:
             out["lane"] = self._lanes[_BASE].describe()
             out["lanes"] = [dict(lane.sched.memory(), lane=lane.describe())
                             for key, lane in self._lanes.items() if not key.is_base]
-            out["adapters"] = self.model.adapters
+            out["adapters"] = self.model.adapter_info()
             return out
         return self._call(run, timeout)
 

@@ -10,71 +10,16 @@ scheduler thread steps the lanes with work in turn (docs/architecture.md, "Lanes
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-from dataclasses import dataclass
 
 from tryll_fast.engines.errors import InvalidRequest
-from tryll_fast.engines.llama.context import KV_TYPES, LlamaContext
+from tryll_fast.engines.llama.context import LlamaContext
+from tryll_fast.engines.roles import ContextSpec
 from tryll_fast.engines.llama.scheduler import Scheduler
 from tryll_fast.engines.llama.spill import SpillDir
 
-# LaneKey.flash_attn values: llama.cpp's llama_flash_attn_type
-FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
-
-
-@dataclass(frozen=True)
-class LaneKey:
-    """What a context is made with besides the model. The default key is the engine's own
-    context. adapters: (real path, scale) pairs, scale != 0, sorted by path; kv_type None,
-    n_batch / n_ubatch / n_threads 0 and flash_attn None mean the engine's settings."""
-    adapters: tuple[tuple[str, float], ...] = ()
-    kv_type: str | None = None
-    n_batch: int = 0
-    n_ubatch: int = 0
-    flash_attn: int | None = None
-    n_threads: int = 0
-
-    @classmethod
-    def make(cls, adapters=(), *, kv_type: str | None = None, n_batch: int = 0,
-             n_ubatch: int = 0, flash_attn: int | None = None,
-             n_threads: int = 0) -> "LaneKey":
-        """A validated key; adapters: (path, scale) pairs. A scale of 0 turns an adapter off
-        (it is left out of the key), so a set whose scales are all 0 is the base lane."""
-        merged: dict[str, float] = {}
-        for i, (path, scale) in enumerate(adapters):
-            if not isinstance(scale, (int, float)) or not math.isfinite(scale):
-                raise InvalidRequest(f"adapters[{i}].scale {scale!r} is not a finite number")
-            real = os.path.realpath(os.fspath(path))
-            if real in merged:
-                raise InvalidRequest(f"adapters[{i}]: {os.path.basename(real)!r} is listed "
-                                     "twice")
-            merged[real] = float(scale)
-        if kv_type is not None and kv_type not in KV_TYPES:
-            raise InvalidRequest(f"kv_type={kv_type!r} is not one of {', '.join(KV_TYPES)}")
-        for name, value in (("n_batch", n_batch), ("n_ubatch", n_ubatch),
-                            ("n_threads", n_threads)):
-            if not isinstance(value, int) or value < 0:
-                raise InvalidRequest(f"{name}={value!r} must be an int >= 0 (0 = the engine's)")
-        if flash_attn is not None and flash_attn not in FLASH_ATTN.values():
-            raise InvalidRequest(f"flash_attn={flash_attn!r} is not one of -1 (auto), 0, 1")
-        return cls(tuple(sorted((p, s) for p, s in merged.items() if s != 0.0)),
-                   kv_type, n_batch, n_ubatch, flash_attn, n_threads)
-
-    @property
-    def is_base(self) -> bool:
-        return self == _BASE
-
-    def describe(self) -> str:
-        """A short human name: 'base', or the adapters and overrides it differs by."""
-        parts = [f"{os.path.basename(p)}@{s:g}" for p, s in self.adapters]
-        for name in ("kv_type", "n_batch", "n_ubatch", "flash_attn", "n_threads"):
-            value = getattr(self, name)
-            if value not in (None, 0) or (name == "flash_attn" and value == 0):
-                parts.append(f"{name}={value}")
-        return " ".join(parts) or "base"
-
-
+# A lane is keyed by the role-level ContextSpec: the adapters and overrides it was made with.
+LaneKey = ContextSpec
 _BASE = LaneKey()
 
 

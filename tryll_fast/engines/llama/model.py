@@ -268,6 +268,13 @@ class LlamaModel:
         with self._lock:
             return {p: a.refs for p, a in self._adapters.items()}
 
+    def adapter_info(self) -> list[dict]:
+        """Loaded adapters: path, references, bytes (the file's size: its tensors are read
+        into host memory whole)."""
+        with self._lock:
+            return [{"path": a.path, "refs": a.refs, "bytes": a.nbytes}
+                    for a in self._adapters.values()]
+
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -299,12 +306,13 @@ class LlamaModel:
 
 class LoraAdapter:
     """A LoRA adapter loaded for one model (LlamaModel.acquire_adapter)."""
-    __slots__ = ("path", "handle", "refs")
+    __slots__ = ("path", "handle", "refs", "nbytes")
 
     def __init__(self, path: str, handle) -> None:
         self.path = path
         self.handle = handle
         self.refs = 0
+        self.nbytes = os.path.getsize(path)
 
     def __repr__(self):
         return f"LoraAdapter({os.path.basename(self.path)!r}, refs={self.refs})"

@@ -120,7 +120,8 @@ def _create(session, req):
                          resolve_strings=strings_resolver(session, linked,
                                                           ErrorCode.GraphCompilationFailed),
                          resolve_embedded=embedded_resolver(session, linked,
-                                                            ErrorCode.GraphCompilationFailed))
+                                                            ErrorCode.GraphCompilationFailed),
+                         storage_root=server.config.storage_root)
     graph = compile_graph(req.graph, ctx, TYPES)
     speaks = any(node.type.speaks for node in graph.nodes.values())
     voice = voice_checker(session)(req.voice, speaks)
@@ -286,6 +287,7 @@ def change_agent_param(session, req):
                                                               ErrorCode.InvalidParamValue),
                              resolve_embedded=embedded_resolver(
                                  session, agent.linked_strings, ErrorCode.InvalidParamValue),
+                             storage_root=session.server.config.storage_root,
                              code=ErrorCode.InvalidParamValue)
         spec = check_change(node, req.params, ctx)
         node.params, node.spec = req.params, spec

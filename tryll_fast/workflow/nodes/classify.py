@@ -34,7 +34,7 @@ from tryll_fast import codec
 from tryll_fast.knowledge import Kind
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow.nodes.generate import (
-    check_slot, check_unsupported, compile_template_field,
+    check_slot, compile_template_field,
 )
 from tryll_fast.workflow.nodes.llm import compile_llm
 
@@ -69,7 +69,7 @@ def _scoring_spec(name: str, p, ctx: CompileContext, probabilities: tuple[str, .
         raise ctx.fail(where, f"notify_client {int(p.notify_client)} is not a "
                               "NotifyClient (0..2)")
     spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
-                       default_context=DEFAULT_CONTEXT, default_max_tokens=1)
+                       default_context=DEFAULT_CONTEXT, default_max_tokens=1, node_params=p)
     spec.sampling.update(max_tokens=1, temperature=0.0)
     return spec
 
@@ -82,7 +82,6 @@ class ClassifyIntentLLMNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         where = f"node {name!r}"
-        check_unsupported(name, p)
         ids = _csv(p.intents_ids)
         if not ids:
             raise ctx.fail(where, "intents_ids is empty: give the intents, comma-separated")
@@ -162,7 +161,6 @@ class ClassifyAttributesLLMNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         where = f"node {name!r}"
-        check_unsupported(name, p)
         attrs = list(p.attributes)
         if not attrs:
             raise ctx.fail(where, "attributes is empty")

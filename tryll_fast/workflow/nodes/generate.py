@@ -8,13 +8,12 @@
   node that ran earlier in this turn);
 - send Streamed: AnswerText deltas as tokens arrive, then the empty terminator; Whole: one
   chunk with the whole reply; None: nothing (the reply is still appended to the dialog).
-Context overrides and LoRA adaptation are not in this build: a node asking for them is
-refused at creation rather than run without them.
+- `context` (ContextOverrides) and `adaptation` (LoRA adapters) choose the context the
+  node runs on (nodes/llm.py compile_lane; docs/workflow.md).
 """
 from __future__ import annotations
 
 from tryll_fast import codec
-from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.workflow.dialog import USER_SLOT
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow import templates
@@ -33,18 +32,6 @@ def check_slot(name: str, slot: str, ctx: CompileContext) -> str:
     return slot
 
 
-def check_unsupported(name: str, params) -> None:
-    ctx_over = params.context
-    if ctx_over is not None and ctx_over.to_dict() != codec.ContextOverrides().to_dict():
-        raise TryllError(ErrorCode.FeatureNotAvailable,
-                         f"node {name!r}: per-node context overrides are not in this server "
-                         "build (every agent shares one llama.cpp context per model)")
-    adaptation = params.adaptation
-    if adaptation is not None and len(adaptation.loras):
-        raise TryllError(ErrorCode.FeatureNotAvailable,
-                         f"node {name!r}: LoRA adaptation is not in this server build yet")
-
-
 def compile_template_field(name: str, field: str, source: str, ctx: CompileContext):
     try:
         return compile_template(source)
@@ -59,13 +46,12 @@ class GenerateNode(NodeType):
     uses_model = True
 
     def compile(self, name: str, p, ctx: CompileContext):
-        check_unsupported(name, p)
         if p.send not in _SEND:
             raise ctx.fail(f"node {name!r}", f"send {int(p.send)} is not a SendMode (0..2)")
         if p.placement not in _PLACEMENT:
             raise ctx.fail(f"node {name!r}",
                            f"placement {int(p.placement)} is not a Placement (0..5)")
-        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx)
+        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx, node_params=p)
         spec.extra["template"] = compile_template_field(name, "template", p.template, ctx)
         spec.extra["input"] = check_slot(name, p.input, ctx)
         return spec

@@ -48,7 +48,7 @@ from tryll_fast import codec
 from tryll_fast.engines.roles import Priority, SamplingParams
 from tryll_fast.workflow.dialog import USER_SLOT, Component, Dialog, Interaction
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
-from tryll_fast.workflow.nodes.generate import check_unsupported, compile_template_field
+from tryll_fast.workflow.nodes.generate import compile_template_field
 from tryll_fast.workflow.nodes.llm import compile_llm
 from tryll_fast.workflow.projection import ProjectionError
 from tryll_fast.workflow.templates import compile_template
@@ -162,7 +162,6 @@ class SummarizeNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         where = f"node {name!r}"
-        check_unsupported(name, p)
         for field in ("keep_recent_turns", "trigger_turns"):
             if getattr(p, field) < 0:
                 raise ctx.fail(where, f"{field} {getattr(p, field)} is negative")
@@ -171,7 +170,8 @@ class SummarizeNode(NodeType):
             raise ctx.fail(where, f"trigger_token_ratio {ratio!r} must be between 0 and 1 "
                                   "(0 = off)")
         spec = compile_llm(name, p.model_name, p.context_size, None, ctx,
-                           fixed_max_tokens=("max_summary_tokens", p.max_summary_tokens))
+                           fixed_max_tokens=("max_summary_tokens", p.max_summary_tokens),
+                           node_params=p)
         spec.sampling["temperature"] = 0.0          # greedy: the same dialog, the same summary
         spec.extra["template"] = (compile_template_field(name, "template", p.template, ctx)
                                   or BUILTIN_TEMPLATE)
@@ -254,6 +254,7 @@ async def _summarize(agent, node: Node, job: SummaryJob, context: dict) -> None:
     outcome = {"status": "failed", "interactions": plan.count}
     try:
         engine = await agent.engine(spec.model)
+        lane = await agent.lane(node) if spec.lane is not None else None
         if job.cancelled:
             raise asyncio.CancelledError()
         formatter = agent.runtime.formatter(engine)
@@ -271,7 +272,7 @@ async def _summarize(agent, node: Node, job: SummaryJob, context: dict) -> None:
         handle = engine.submit(
             prompt.tokens, key=None, sampling=SamplingParams(stop=stop, **spec.sampling),
             priority=Priority.BACKGROUND, shared_prefix_len=prompt.shared_prefix_len,
-            on_finish=lambda h: loop.call_soon_threadsafe(_settle, done, h))
+            on_finish=lambda h: loop.call_soon_threadsafe(_settle, done, h), lane=lane)
         job.handle = handle
         if job.cancelled:
             handle.cancel()

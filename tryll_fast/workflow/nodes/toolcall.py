@@ -31,7 +31,7 @@ from tryll_fast import codec
 from tryll_fast.prompting.tools import CallIds, ToolSet, mode_name, normalize_tools
 from tryll_fast.workflow.dialog import Component
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
-from tryll_fast.workflow.nodes.generate import check_slot, check_unsupported
+from tryll_fast.workflow.nodes.generate import check_slot
 from tryll_fast.workflow.nodes.llm import compile_llm
 
 Disp = codec.ToolCallDisposition
@@ -66,7 +66,6 @@ class ToolCallNode(NodeType):
 
     def compile(self, name: str, p, ctx: CompileContext):
         where = f"node {name!r}"
-        check_unsupported(name, p)
         if p.mode not in {int(m) for m in codec.ToolCallMode}:
             raise ctx.fail(where, f"mode {int(p.mode)} is not a ToolCallMode (0..2)")
         if p.disposition not in DISPOSITION_NAMES:
@@ -83,7 +82,7 @@ class ToolCallNode(NodeType):
             raise ctx.fail(where, "tools: a ToolCall node needs at least one tool definition")
         spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx,
                            default_context=DEFAULT_CONTEXT,
-                           default_max_tokens=DEFAULT_MAX_TOKENS)
+                           default_max_tokens=DEFAULT_MAX_TOKENS, node_params=p)
         spec.extra.update(input=check_slot(name, p.input, ctx), specs=specs, toolsets={},
                           mode=mode_name(int(p.mode)), disposition=Disp(int(p.disposition)),
                           acknowledge=p.acknowledge_text or "ok",
