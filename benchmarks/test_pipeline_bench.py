@@ -49,7 +49,7 @@ FIRST_MAX_TOKENS = 32
 STREAM_TOKENS = 20_000
 TOKEN = "token "
 FIRST_PAIRS = 24
-STREAM_PAIRS = 6
+STREAM_PAIRS = 15
 CONFIG = f'''
 [agents.baker]
 default_model = "{SMOL}"

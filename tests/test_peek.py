@@ -70,3 +70,23 @@ def test_structural_fields_come_from_the_schema():
     assert {"tools", "pause_timeout_ms", "tool_called_exit"} <= codec.ToolCallParams.STRUCTURAL
     assert codec.SamplingOverrides.STRUCTURAL == {"max_tokens"}
     assert codec.AnswerText.STRUCTURAL == frozenset()
+
+
+def test_answer_text_of_reads_a_whole_answer_text_frame():
+    frame = codec.encode(codec.AnswerText(request_id=2**64 - 1, agent_id=4, node_name="n",
+                                          text="héllo ", is_delta=True))
+    assert codec.answer_text_of(frame) == (2**64 - 1, "héllo ")
+    assert codec.answer_text_of(codec.encode(codec.AnswerText(request_id=3))) == (3, "")
+    assert codec.answer_text_of(codec.encode(codec.Ack(request_id=3))) is None
+
+
+def test_answer_text_of_is_none_for_anything_unreadable():
+    frame = codec.encode(codec.AnswerText(request_id=9, text="token "))
+    assert codec.answer_text_of(frame[4:]) is None                # no length prefix
+    assert codec.answer_text_of(frame[:-2]) is None               # the prefix disagrees
+    for cut in range(len(frame)):                                 # garbage after a good prefix
+        mangled = bytearray(frame)
+        mangled[cut] ^= 0xFF
+        got = codec.answer_text_of(bytes(mangled))
+        assert got is None or isinstance(got, tuple)
+    assert codec.answer_text_of(b"") is None

@@ -746,6 +746,7 @@ class Gen:
         o("def decode_root(cls: type, data: Any) -> Any: ...")
         o("def peek_body_type(payload: Any) -> int: ...")
         o("def peek_request_id(payload: Any) -> int: ...")
+        o("def answer_text_of(frame: Any) -> tuple[int, str] | None: ...")
         o("def encode_answer_text(request_id: int, agent_id: int, node_name: str, text: str,"
           " is_delta: bool, is_final: bool) -> bytes: ...")
         o("def encode_tts_audio(request_id: int, agent_id: int, node_name: str, samples: Any,"

@@ -20,6 +20,7 @@ from tryll_fast.codec._codec import (  # noqa: F401
     ENUMS, GENERATED_NAMES, MAX_FRAME, SCHEMA_FINGERPRINT, STRUCTS, TABLES, UNIONS,
     CodecError, EncodeError, FrameSplitter, FrameTooLarge, FramingError,
     MalformedMessage, Struct, Table, UnknownMessageType,
-    decode, decode_frame, decode_root, encode, encode_answer_text, encode_root, encode_tts_audio,
+    answer_text_of, decode, decode_frame, decode_root, encode, encode_answer_text, encode_root,
+    encode_tts_audio,
     peek_body_type, peek_request_id,
 )

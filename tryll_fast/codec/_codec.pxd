@@ -4,3 +4,5 @@ from libc.stdint cimport uint64_t
 
 cpdef bytes encode_answer_text(uint64_t request_id, uint64_t agent_id, str node_name, str text,
                                bint is_delta, bint is_final)
+# (request_id, text) of an AnswerText frame, None otherwise (gateway/connection.py)
+cpdef tuple answer_text_of(object frame)

@@ -91,6 +91,41 @@ def peek_request_id(data, Py_ssize_t offset=0, Py_ssize_t length=-1):
         return 0
 
 
+cdef int _ANSWER_TEXT_TAG = MessageBody.AnswerText
+
+
+cpdef tuple answer_text_of(object frame):
+    """(request_id, text) of a whole AnswerText frame (4-byte length prefix), None for any
+    other message. Bounds-checked reads, no full verification and no views: for frames
+    this process encoded, which a pipeline connection coalesces by the thousand
+    (gateway/connection.py); anything unreadable is None."""
+    cdef _Source src
+    cdef Table m, body
+    cdef Py_ssize_t p
+    cdef uint64_t rid = 0
+    try:
+        src = _source_of(frame, 0, -1)
+        if src.size < 12 or <Py_ssize_t>tf_ld_u32(src.buf) != src.size - 4:
+            return None
+        src = _source_of(frame, 4, src.size - 4)
+        m = Table.__new__(Table)
+        _bind(m, src, tf_ld_u32(src.buf))
+        p = _tfield(m, 4, 1)                      # Message.body_type
+        if p == 0 or src.buf[p] != _ANSWER_TEXT_TAG:
+            return None
+        p = _tfield(m, 6, 4)                      # Message.body
+        if p == 0:
+            return None
+        body = Table.__new__(Table)
+        _bind(body, src, _rd_target(src, p))
+        p = _tfield(body, 4, 8)                   # AnswerText.request_id
+        if p:
+            rid = tf_ld_u64(src.buf + p)
+        return (rid, _rd_string(src, _tfield(body, 8, 4)))     # AnswerText.text
+    except (CodecError, ValueError, OverflowError):
+        return None
+
+
 def encode(body):
     """Encode a message body (e.g. `AnswerText(text="hi", ...)`) into a
     complete frame: length prefix + Message{body}. Also accepts a Message.

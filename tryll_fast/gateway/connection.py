@@ -69,6 +69,9 @@ _SOURCES = ((2000, "Server"), (3000, "Agent"), (4000, "LanguageModel"),
             (7000, "Knowledge"))
 
 
+_answer_text_of = codec.answer_text_of
+
+
 def error_source(code: int) -> str:
     """The component an ErrorResponse code comes from (the error element's `source`): the
     last family whose first code is at most `code`."""
@@ -675,15 +678,16 @@ class PipelineConnection:
 
     def _translate(self, frame: bytes) -> el.Element | None:
         """One frame from the session -> the element it becomes (None: nothing to show)."""
-        body = codec.decode_frame(frame).body
-        kind = type(body)
-        if kind is codec.AnswerText:
-            text = body.text
+        answer = _answer_text_of(frame)          # the common case, read without a view
+        if answer is not None:
+            request_id, text = answer
             if not text:
                 return None
             if self._queue and type(self._queue[0]) is bytes:
-                text = self._coalesce(body.request_id, text)
-            return self._out("token", str(body.request_id), text=text)
+                text = self._coalesce(request_id, text)
+            return self._out("token", str(request_id), text=text)
+        body = codec.decode_frame(frame).body
+        kind = type(body)
         if kind is codec.TtsAudioFrame:
             return None if self._interrupted() else self._speech_item(body)
         if kind is codec.TtsVisemeFrame:
@@ -731,14 +735,13 @@ class PipelineConnection:
             frame = queue[0]
             if type(frame) is not bytes:
                 break
-            body = codec.decode_frame(frame).body
-            if type(body) is not codec.AnswerText or body.request_id != request_id \
-                    or not body.text:
+            answer = _answer_text_of(frame)
+            if answer is None or answer[0] != request_id or not answer[1]:
                 break
             queue.popleft()
             taken += len(frame)
-            parts.append(body.text)
-            size += len(body.text)
+            parts.append(answer[1])
+            size += len(answer[1])
         if taken:
             with self._lock:
                 self._queued -= taken
