@@ -96,6 +96,14 @@ extensions = [
             "-O3", "-std=c++17", "-fassociative-math", "-fno-signed-zeros",
             "-fno-trapping-math", "-Wno-unused-variable"],
     ),
+    # A pipeline connection's outbound queue: a put() per streamed token, from the engine's
+    # thread, and the pump's coalescing read (gateway/connection.py).
+    Extension(
+        "tryll_fast.gateway._outbox",
+        ["tryll_fast/gateway/_outbox.pyx"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
     # The engine's token -> text hot path (UTF-8 assembly, stop-string hold-back).
     Extension(
         "tryll_fast.engines.llama._detok",

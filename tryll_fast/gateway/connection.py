@@ -10,7 +10,8 @@ back (from the engines' threads, the orchestrator, the workers) arrives through 
 as frames, which this class turns into output elements.
 
 Threads: `send()` (and the voice's `speech_sentence()` hook) may be called from any thread;
-they only append to one queue, in call order, and wake the pump. Everything else runs on
+they only append to one queue (gateway/_outbox.pyx, compiled: a streamed turn calls send()
+per token), in call order, and wake the pump. Everything else runs on
 the gateway loop: the pump decodes the frames, keeps the turn state, encodes elements in
 the connection's output format and writes them to the channel. So elements leave in the
 order their frames were sent, and one thread owns the state.
@@ -33,11 +34,11 @@ import hashlib
 import itertools
 import json
 import logging
-import threading
 import time
 from typing import Any
 
 from tryll_fast import codec
+from tryll_fast.gateway._outbox import Outbox
 from tryll_fast.errors import ErrorCode
 from tryll_fast.gateway import elements as el
 from tryll_fast.gateway.audio import audio_format, mulaw_to_pcm16
@@ -67,9 +68,6 @@ _TURN_ERRORS = (ErrorCode.InferenceFailed, ErrorCode.InferenceTimeout)  # then T
 _SOURCES = ((2000, "Server"), (3000, "Agent"), (4000, "LanguageModel"),
             (4100, "SpeechRecognition"), (4200, "Server"), (5000, "Protocol"), (6000, "Models"),
             (7000, "Knowledge"))
-
-
-_answer_text_of = codec.answer_text_of
 
 
 def error_source(code: int) -> str:
@@ -103,9 +101,8 @@ class _Turn:
 class PipelineConnection:
     """See the module docstring. `channel` sends strings / bytes to the client and closes
     (gateway/app.py has the WebSocket and Socket.IO ones). The Connection surface it offers
-    the session: id, peer, send(), paused, queued_bytes, closing, close() (no
-    wait_writable(): only the dev-mode debug streams use it, and a pipeline connection
-    (and wait_writable(), which the dev-mode debug streams use)."""
+    the session: id, peer, send(), paused, queued_bytes, closing, close(), and
+    wait_writable(), which the dev-mode debug streams use."""
 
     def __init__(self, gateway, channel, params: ConnectionParams, peer: str) -> None:
         self.gateway = gateway
@@ -117,19 +114,14 @@ class PipelineConnection:
         self.id = f"{channel.kind}-{next(_ids)}"
         self.peer = peer
         cfg = self.server.config
-        self._high = cfg.transport_send_queue_high_bytes
-        self._low = cfg.transport_send_queue_low_bytes
         # ---- the Connection surface (any thread) ----
-        self.paused = False
-        self.paused_at = 0.0             # monotonic time of the last pause (the watchdog)
         self.closed = False
         self._closing = False
-        self._lock = threading.Lock()
-        self._queue: collections.deque = collections.deque()
-        self._queued = 0
-        self._writable = threading.Event()       # set while not paused
-        self._writable.set()
-        self._wake_pending = False
+        self._outbox = Outbox(cfg.transport_send_queue_high_bytes,
+                              cfg.transport_send_queue_low_bytes, self._wake_pump)
+        # the session's send() goes straight into the compiled queue
+        self.send = self._outbox.send
+        self.wait_writable = self._outbox.wait_writable
         self._wake = None                # asyncio.Event, made on the loop
         self._pump_task = None
         # ---- loop state ----
@@ -169,30 +161,21 @@ class PipelineConnection:
 
     @property
     def queued_bytes(self) -> int:
-        return self._queued
+        return self._outbox.queued
 
-    def send(self, frame) -> bool:
-        """A frame from the session (any thread): queued for the pump, in call order.
-        `_put` written out: a streaming turn calls this for every token."""
-        if self.closed or self._closing:
-            return False
-        with self._lock:
-            self._queue.append(frame)
-            self._queued += len(frame)
-            if self._queued >= self._high and not self.paused:
-                self.paused = True
-                self.paused_at = time.monotonic()
-                self._writable.clear()
-            if self._wake_pending:
-                return True
-            self._wake_pending = True
-        self._wake_pump()
-        return True
+    @property
+    def paused(self) -> bool:
+        """At the high mark until drained to the low one (the engine's gate reads it)."""
+        return self._outbox.paused
 
-    def wait_writable(self, timeout: float) -> None:
-        """A producer thread waits here while the connection is paused (at most
-        `timeout` s)."""
-        self._writable.wait(timeout)
+    @property
+    def paused_at(self) -> float:
+        """Monotonic time of the last pause (the gateway's stall watchdog)."""
+        return self._outbox.paused_at
+
+    # send(frame) and wait_writable(timeout) are the Outbox's own (set in __init__): a frame
+    # from the session (any thread), queued for the pump in call order; a producer thread
+    # waiting while the connection is paused.
 
     def speech_sentence(self, text: str, n_samples: int, voice: str) -> None:
         """The voice's hook (workflow/speech.py): a sentence is about to be sent, `n_samples`
@@ -206,20 +189,13 @@ class PipelineConnection:
         if self._closing or self.closed:
             return
         self._closing = True
+        self._outbox.shut = True             # the session's frames stop here
         self.loop.call_soon_threadsafe(self._close_with_exit)
 
     def _put(self, item, nbytes: int) -> None:
-        with self._lock:
-            self._queue.append(item)
-            self._queued += nbytes
-            if not self.paused and self._queued >= self._high:
-                self.paused = True
-                self.paused_at = time.monotonic()
-                self._writable.clear()
-            if self._wake_pending:
-                return
-            self._wake_pending = True
-        self._wake_pump()
+        """An item of the connection's own, queued even while closing (the goodbye)."""
+        if not self._lost:
+            self._outbox.put(item, nbytes, True)
 
     def _wake_pump(self) -> None:
         if self.gateway.in_loop():
@@ -249,11 +225,8 @@ class PipelineConnection:
             return
         self._lost = True
         self.closed = True
-        self.paused = False
-        self._writable.set()
-        with self._lock:
-            self._queue.clear()
-            self._queued = 0
+        self._outbox.shut = True
+        self._outbox.clear()
         if self._pump_task is not None:
             self._pump_task.cancel()
         if self.session is not None:
@@ -267,8 +240,9 @@ class PipelineConnection:
             return
         log.warning("closing a stalled pipeline connection", extra=fields(
             connection=self.id, session=self.session.id if self.session else 0,
-            paused_s=round(seconds, 1), queued_bytes=self._queued))
-        self._close_reason = f"stalled: paused {seconds:.1f} s with {self._queued} bytes queued"
+            paused_s=round(seconds, 1), queued_bytes=self._outbox.queued))
+        self._close_reason = (f"stalled: paused {seconds:.1f} s with {self._outbox.queued} "
+                              "bytes queued")
         self.channel.abort()
         self.lost(self._close_reason)
 
@@ -281,6 +255,7 @@ class PipelineConnection:
         if self._closing:
             return
         self._closing = True
+        self._outbox.shut = True
         self._put((_CLOSE, code, reason), 0)
 
     # ---- input (loop) ----
@@ -624,14 +599,15 @@ class PipelineConnection:
     async def _pump(self) -> None:
         fmt, version = self.params.output_format, self.params.protocol_version
         channel = self.channel
-        queue = self._queue
+        outbox = self._outbox
         while True:
             await self._wake.wait()
             self._wake.clear()
-            with self._lock:
-                self._wake_pending = False
-            while queue:
-                item = queue.popleft()
+            outbox.woken()
+            while True:
+                item = outbox.take()
+                if item is None:
+                    break
                 if type(item) is tuple and item[0] == _CLOSE:
                     self._close_reason = item[2]
                     await channel.close(item[1], item[2])
@@ -657,34 +633,29 @@ class PipelineConnection:
     def _element(self, item) -> el.Element | None:
         """A queue item -> the element to send (None: nothing for the client)."""
         if type(item) is bytes:
-            with self._lock:
-                self._queued -= len(item)
-            self._resume_if_drained()
+            self._released(len(item))
             return self._translate(item)
         if type(item) is el.Element:
-            with self._lock:
-                self._queued -= LOCAL_ELEMENT_BYTES
-            self._resume_if_drained()
+            self._released(LOCAL_ELEMENT_BYTES)
             return item
         return self._sentence(*item[1:])                 # (_SPEECH, …)
 
-    def _resume_if_drained(self) -> None:
-        if self.paused and self._queued <= self._low:
-            with self._lock:
-                self.paused = False
-                self._writable.set()
-            if self.session is not None:
-                self.session.writing_resumed()
+    def _released(self, nbytes: int) -> None:
+        if self._outbox.release(nbytes) and self.session is not None:
+            self.session.writing_resumed()
 
     def _translate(self, frame: bytes) -> el.Element | None:
         """One frame from the session -> the element it becomes (None: nothing to show)."""
-        answer = _answer_text_of(frame)          # the common case, read without a view
+        answer = codec.answer_text_of(frame)     # the common case, read without a view
         if answer is not None:
             request_id, text = answer
             if not text:
                 return None
-            if self._queue and type(self._queue[0]) is bytes:
-                text = self._coalesce(request_id, text)
+            if type(self._outbox.head()) is bytes:
+                text, resumed = self._outbox.take_text_run(request_id, text,
+                                                           MAX_COALESCED_CHARS)
+                if resumed and self.session is not None:
+                    self.session.writing_resumed()
             return self._out("token", str(request_id), text=text)
         body = codec.decode_frame(frame).body
         kind = type(body)
@@ -723,30 +694,6 @@ class PipelineConnection:
         if kind is codec.Ack or kind is codec.CreateSessionResponse:
             self._requests.pop(body.request_id, None)
         return None                # ConnectionReady and the rest: nothing for the client
-
-    def _coalesce(self, request_id: int, text: str) -> str:
-        """`text` and the text of the AnswerText frames of the same turn queued right
-        behind it (taken off the queue), up to MAX_COALESCED_CHARS."""
-        queue = self._queue
-        parts = [text]
-        size = len(text)
-        taken = 0
-        while queue and size < MAX_COALESCED_CHARS:
-            frame = queue[0]
-            if type(frame) is not bytes:
-                break
-            answer = _answer_text_of(frame)
-            if answer is None or answer[0] != request_id or not answer[1]:
-                break
-            queue.popleft()
-            taken += len(frame)
-            parts.append(answer[1])
-            size += len(answer[1])
-        if taken:
-            with self._lock:
-                self._queued -= taken
-            self._resume_if_drained()
-        return "".join(parts)
 
     def _turn_complete(self, body) -> el.Element | None:
         turn = self._requests.get(body.request_id)
