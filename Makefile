@@ -47,7 +47,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test bench fuzz gen serve install clean profile-build llama-server
+.PHONY: test bench soak fuzz gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -108,6 +108,13 @@ bench: install $(LLAMA_SERVER)
 	$(PY) -m pytest benchmarks -q -p no:randomly --benchmark-only --timeout=0 \
 		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)
 	$(PY) -m benchmarks.gates benchmarks/results/latest.json
+
+# A mixed, careless workload against one server, then back to baseline (benchmarks/soak.py);
+# SOAK_MINUTES=N to change its length. make test runs a bounded one (tests/server/test_soak.py).
+SOAK_MINUTES ?= 10
+soak: install
+	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) --quiet SmolLM2-135M-Instruct
+	$(PY) -m benchmarks.soak --minutes $(SOAK_MINUTES)
 
 # Only the [fuzz] extra's requirements: `pip install -e .[fuzz]` would recompile.
 fuzz: install

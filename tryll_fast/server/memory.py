@@ -27,6 +27,30 @@ Consumer = codec.InferenceConsumerClass
 KeyInfo = tuple[int, int, str, int]
 
 
+def _libc_malloc_trim():
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):       # not glibc: nothing to give back this way
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
+def give_back_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc's malloc_trim). A closed session
+    frees its agents' buffers, KV states and, with its last lease, a model's contexts, but
+    glibc keeps the freed pages in its per-thread arenas, so the process stayed 150 MB above
+    its idle size after a soak; a trim gives them back (docs/configuration.md, "Hostile
+    and careless clients"). True when something was returned."""
+    return bool(_malloc_trim(0)) if _malloc_trim is not None else False
+
+
 def _default_describe(key: Any) -> KeyInfo:
     return 0, 0, "", int(Consumer.NotApplicable)
 

@@ -33,6 +33,7 @@ from tryll_fast.knowledge.embedded import StoreFiles
 from tryll_fast.models import ModelManager, load_catalog
 from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.models.manager import DEFAULT_LOADERS
+from tryll_fast.server import memory
 from tryll_fast.server.config import ServerConfig
 from tryll_fast.server.dispatch import build_table
 from tryll_fast.server.logs import fields
@@ -137,6 +138,7 @@ class Server:
         self._warmed: set[int] = set()
         self.front_doors: list[Any] = []            # other transports (the pipeline gateway)
         self.teardowns = 0                          # sessions fully torn down
+        self._trim_queued = False                   # a heap trim waits for a worker
 
     # ---- lifecycle ----
 
@@ -329,6 +331,19 @@ class Server:
         with self._lock:
             self.teardowns += 1
             self._idle.notify_all()
+            # one trim queued at a time: a burst of teardowns costs one, and the last
+            # teardown always has one after it
+            trim, self._trim_queued = not self._trim_queued, True
+        if trim and not self.shutting_down:
+            try:
+                self.workers.submit(self._trim_heap)
+            except RuntimeError:            # the pool is shutting down
+                pass
+
+    def _trim_heap(self) -> None:
+        with self._lock:
+            self._trim_queued = False
+        memory.give_back_heap()
 
     # ---- agents ----
 

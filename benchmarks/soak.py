@@ -1,0 +1,342 @@
+"""A soak: a mixed, careless workload against one server process, then a check that the
+process went back to where it started.
+
+    python -m benchmarks.soak [--minutes 10] [--clients 6] [--margin-mb 40]
+    make soak                                  # the same, 10 minutes
+
+The server is a subprocess (benchmarks.transport_server, dev mode) with the real SmolLM2.
+`--clients` threads each loop over random actions, each on a connection of its own:
+streamed turns, turns cancelled after their first token, dialog export into a new agent,
+garbage frames (a length prefix and random bytes), a reader that stops reading in the
+middle of a long answer and comes back, and a client that disconnects mid-turn.
+
+Measured from outside the process (/proc and the dev-mode `stats` command, over a fresh
+connection): resident memory, open file descriptors, threads, and the engine's KV cells
+and conversations, first after one warm-up round of every action with all its sessions
+closed (the baseline: models loaded, pools started), then after the soak once its
+sessions closed. Exits 1 when memory grew past the margin, any KV cell or conversation is
+still held, or the descriptors or threads grew; an action that got an answer it should
+not have (a failed turn, no error for garbage) is counted and also fails the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+
+from tryll_fast import codec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.path.join(ROOT, "build", "models")
+SMOL = "SmolLM2-135M-Instruct"
+SETTINGS = ("llama.max_n_ctx=4096", "llama.n_slots=16", "llama.n_threads=2")
+QUESTIONS = ["Who are you?", "What do you sell?", "Tell me about the town.",
+             "Is the road north safe?", "What is your favourite bread?"]
+SYSTEM = "You are Brenna, the baker of Oakvale. Answer briefly."
+WARM_S = 10.0
+
+
+class Conn:
+    """One connection with a session: raw frames, decoded on arrival."""
+
+    def __init__(self, port: int, timeout: float = 120) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.splitter = codec.FrameSplitter()
+        self.frames: list = []
+        self.rid = 100
+        assert isinstance(self.recv(), codec.ConnectionReady)
+        assert isinstance(self.request(codec.CreateSessionRequest(request_id=self.next_id())),
+                          codec.CreateSessionResponse)
+
+    def next_id(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    def send(self, body) -> None:
+        self.sock.sendall(codec.encode(body))
+
+    def recv(self):
+        while not self.frames:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("closed by the server")
+            self.frames.extend(self.splitter.feed(data))
+        return codec.decode(self.frames.pop(0)).body
+
+    def request(self, body):
+        self.send(body)
+        while True:
+            reply = self.recv()
+            if getattr(reply, "request_id", None) == body.request_id:
+                return reply
+
+    def agent(self, max_tokens: int = 24) -> int:
+        sampling = codec.SamplingOverrides(temperature=0.0, max_tokens=max_tokens)
+        reply = self.request(codec.CreateAgentRequest(
+            request_id=self.next_id(), default_model_name=SMOL,
+            graph=codec.GraphDescription(start_node="answer", nodes=[codec.NodeDescription(
+                name="answer", params=codec.GenerateParams(system_prompt=SYSTEM,
+                                                          sampling=sampling))])))
+        assert isinstance(reply, codec.CreateAgentResponse), reply
+        return reply.agent_id
+
+    def turn_until(self, agent: int, text: str, stop_after_first: bool = False):
+        rid = self.next_id()
+        self.send(codec.SendMessageRequest(request_id=rid, agent_id=agent, text=text))
+        while True:
+            body = self.recv()
+            if isinstance(body, codec.AnswerText) and body.text and stop_after_first:
+                return None
+            if isinstance(body, codec.TurnComplete) and body.request_id == rid:
+                return body
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done: dict[str, int] = {}
+        self.bad: list[str] = []
+
+    def ok(self, action: str) -> None:
+        with self.lock:
+            self.done[action] = self.done.get(action, 0) + 1
+
+    def wrong(self, action: str, what: str) -> None:
+        with self.lock:
+            self.bad.append(f"{action}: {what}")
+
+
+def act_turn(port, rng, tally):
+    c = Conn(port)
+    try:
+        agent = c.agent()
+        for _ in range(rng.randint(1, 3)):
+            done = c.turn_until(agent, rng.choice(QUESTIONS))
+            if done.status != codec.TurnStatus.Success:
+                tally.wrong("turn", repr(done))
+                return
+        tally.ok("turn")
+    finally:
+        c.close()
+
+
+def act_cancel(port, rng, tally):
+    c = Conn(port)
+    try:
+        agent = c.agent(max_tokens=200)
+        rid = c.next_id()
+        c.send(codec.SendMessageRequest(request_id=rid, agent_id=agent,
+                                        text=rng.choice(QUESTIONS)))
+        while True:
+            body = c.recv()
+            if isinstance(body, codec.AnswerText) and body.text:
+                break
+            if isinstance(body, codec.TurnComplete):
+                break
+        c.send(codec.CancelRequest(request_id=c.next_id(), agent_id=agent,
+                                   mode=rng.choice(list(codec.CancelMode))))
+        while True:
+            body = c.recv()
+            if isinstance(body, codec.TurnComplete) and body.request_id == rid:
+                break
+        tally.ok("cancel")
+    finally:
+        c.close()
+
+
+def act_export_import(port, rng, tally):
+    c = Conn(port)
+    try:
+        agent = c.agent()
+        c.turn_until(agent, rng.choice(QUESTIONS))
+        exported = c.request(codec.ExportDialogRequest(request_id=c.next_id(), agent_id=agent))
+        other = c.agent()
+        reply = c.request(codec.ImportDialogRequest(
+            request_id=c.next_id(), agent_id=other, snapshot=bytes(exported.snapshot)))
+        if not isinstance(reply, codec.ImportDialogResponse):
+            tally.wrong("export_import", repr(reply))
+            return
+        done = c.turn_until(other, rng.choice(QUESTIONS))
+        if done.status != codec.TurnStatus.Success:
+            tally.wrong("export_import", repr(done))
+            return
+        tally.ok("export_import")
+    finally:
+        c.close()
+
+
+def act_garbage(port, rng, tally):
+    c = Conn(port)
+    try:
+        for _ in range(rng.randint(1, 20)):
+            n = rng.randint(1, 200)
+            c.sock.sendall(n.to_bytes(4, "little") + rng.randbytes(n))
+        c.sock.sendall(codec.encode(codec.DebugCommandRequest(request_id=7, command="echo",
+                                                              args=["alive"])))
+        while True:
+            body = c.recv()                         # errors for the garbage, then the echo
+            if isinstance(body, codec.DebugCommandResponse):
+                break
+        tally.ok("garbage")
+    except ConnectionError:
+        tally.ok("garbage")                         # a frame the server had to close on
+    finally:
+        c.close()
+
+
+def act_slow_reader(port, rng, tally):
+    c = Conn(port)
+    try:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        agent = c.agent(max_tokens=300)
+        rid = c.next_id()
+        c.send(codec.SendMessageRequest(request_id=rid, agent_id=agent,
+                                        text="Tell me a long story about the town."))
+        time.sleep(rng.uniform(0.5, 3.0))           # not reading
+        while True:
+            body = c.recv()
+            if isinstance(body, codec.TurnComplete) and body.request_id == rid:
+                break
+        tally.ok("slow_reader")
+    finally:
+        c.close()
+
+
+def act_disconnect(port, rng, tally):
+    c = Conn(port)
+    try:
+        agent = c.agent(max_tokens=200)
+        c.send(codec.SendMessageRequest(request_id=c.next_id(), agent_id=agent,
+                                        text=rng.choice(QUESTIONS)))
+        time.sleep(rng.uniform(0.0, 0.5))
+        tally.ok("disconnect")
+    finally:
+        c.close()
+
+
+ACTIONS = [act_turn, act_turn, act_cancel, act_export_import, act_garbage, act_slow_reader,
+           act_disconnect]
+
+
+def probe(pid: int, port: int) -> dict:
+    """The server's footprint, read from outside it (and from its dev-mode stats)."""
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    c = Conn(port)
+    try:
+        stats = json.loads(c.request(codec.DebugCommandRequest(
+            request_id=c.next_id(), command="stats")).output)
+    finally:
+        c.close()
+    cells = convs = 0
+    for mem in (stats.get("engines") or {}).values():
+        for ctx in [mem, *mem.get("lanes", ())] if mem else ():
+            cells += ctx["context"]["kv_cells_used"]
+            convs += len(ctx["sequences"])
+    return {"rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+            "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": int(status["Threads"]), "kv_cells": cells, "conversations": convs,
+            "models": len(stats["models_loaded"]), "sessions": stats["sessions"],
+            "operations": stats["operations"]}
+
+
+def settle(pid: int, port: int, seconds: float = 30) -> dict:
+    """Probe until the closed sessions' teardown has finished: no session but the probe's,
+    no conversation, no model loaded (nothing pins one here). Then once more after a pause,
+    so the heap trim that follows the last teardown is in the figure."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = probe(pid, port)
+        idle = got["conversations"] == 0 and got["models"] == 0 and got["sessions"] == 1
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    time.sleep(1.0)
+    return probe(pid, port)
+
+
+def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
+        out=sys.stdout) -> dict:
+    from benchmarks.transport_load import ServerProcess
+    from tryll_fast.models import ensure_model
+    ensure_model(SMOL, MODELS_DIR)
+    server = ServerProcess("reactor", models_dir=MODELS_DIR, settings=SETTINGS)
+    pid, port = server.proc.pid, server.port
+    tally = Tally()
+
+    def phase(duration: float, salt: int) -> None:
+        stop = time.monotonic() + duration
+
+        def worker(i: int) -> None:
+            rng = random.Random(seed * 1000 + salt * 100 + i)
+            while time.monotonic() < stop:
+                action = rng.choice(ACTIONS)
+                try:
+                    action(port, rng, tally)
+                except (OSError, ConnectionError, AssertionError) as exc:
+                    tally.wrong(action.__name__, repr(exc))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    try:
+        warm = random.Random(seed)
+        for action in dict.fromkeys(ACTIONS):      # warm-up: each action once, then the
+            action(port, warm, tally)              # whole load briefly, so the thread
+        phase(WARM_S, 0)                           # pools reach their working size
+        before = settle(pid, port)
+        phase(seconds, 1)
+        after = settle(pid, port)
+    finally:
+        server.close()
+    problems = list(tally.bad)
+    if after["rss_mb"] - before["rss_mb"] > margin_mb:
+        problems.append(f"resident memory grew {after['rss_mb'] - before['rss_mb']:.1f} MB "
+                        f"(margin {margin_mb} MB)")
+    for key in ("kv_cells", "conversations"):
+        if after[key]:
+            problems.append(f"{after[key]} {key} still held")
+    for key in ("fds", "threads"):
+        if after[key] > before[key]:
+            problems.append(f"{key} grew from {before[key]} to {after[key]}")
+    report = {"seconds": seconds, "clients": clients, "actions": tally.done,
+              "before": before, "after": after, "problems": problems}
+    print(f"soak: {seconds:.0f} s, {clients} clients, actions {tally.done}", file=out)
+    print(f"{'':14}{'before':>10}{'after':>10}", file=out)
+    for key in ("rss_mb", "fds", "threads", "kv_cells", "conversations", "models", "sessions",
+                "operations"):
+        print(f"{key:14}{before[key]:>10.1f}{after[key]:>10.1f}", file=out)
+    for p in problems:
+        print(f"PROBLEM {p}", file=out)
+    print("soak: " + ("FAIL" if problems else "PASS"), file=out)
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--margin-mb", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    report = run(args.minutes * 60, args.clients, args.margin_mb, args.seed)
+    return 1 if report["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
