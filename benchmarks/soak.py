@@ -86,12 +86,17 @@ class Conn:
         assert isinstance(reply, codec.CreateAgentResponse), reply
         return reply.agent_id
 
-    def turn_until(self, agent: int, text: str, stop_after_first: bool = False):
+    def start(self, agent: int, text: str) -> int:
+        """Send a message; its request id."""
         rid = self.next_id()
         self.send(codec.SendMessageRequest(request_id=rid, agent_id=agent, text=text))
+        return rid
+
+    def until(self, rid: int, first_text: bool = False):
+        """Read up to the turn's TurnComplete (returned), or to its first text (None)."""
         while True:
             body = self.recv()
-            if isinstance(body, codec.AnswerText) and body.text and stop_after_first:
+            if first_text and isinstance(body, codec.AnswerText) and body.text:
                 return None
             if isinstance(body, codec.TurnComplete) and body.request_id == rid:
                 return body
@@ -109,125 +114,91 @@ class Tally:
         self.done: dict[str, int] = {}
         self.bad: list[str] = []
 
-    def ok(self, action: str) -> None:
+    def record(self, action: str, problem: str | None) -> None:
         with self.lock:
-            self.done[action] = self.done.get(action, 0) + 1
-
-    def wrong(self, action: str, what: str) -> None:
-        with self.lock:
-            self.bad.append(f"{action}: {what}")
-
-
-def act_turn(port, rng, tally):
-    c = Conn(port)
-    try:
-        agent = c.agent()
-        for _ in range(rng.randint(1, 3)):
-            done = c.turn_until(agent, rng.choice(QUESTIONS))
-            if done.status != codec.TurnStatus.Success:
-                tally.wrong("turn", repr(done))
-                return
-        tally.ok("turn")
-    finally:
-        c.close()
+            if problem:
+                self.bad.append(f"{action}: {problem}")
+            else:
+                self.done[action] = self.done.get(action, 0) + 1
 
 
-def act_cancel(port, rng, tally):
-    c = Conn(port)
-    try:
-        agent = c.agent(max_tokens=200)
-        rid = c.next_id()
-        c.send(codec.SendMessageRequest(request_id=rid, agent_id=agent,
-                                        text=rng.choice(QUESTIONS)))
-        while True:
-            body = c.recv()
-            if isinstance(body, codec.AnswerText) and body.text:
-                break
-            if isinstance(body, codec.TurnComplete):
-                break
+def _failed(done) -> str | None:
+    return None if done.status == codec.TurnStatus.Success else repr(done)
+
+
+# Each action gets a fresh connection with a session and returns a problem, or None.
+
+def turn(c: Conn, rng: random.Random) -> str | None:
+    agent = c.agent()
+    for _ in range(rng.randint(1, 3)):
+        problem = _failed(c.until(c.start(agent, rng.choice(QUESTIONS))))
+        if problem:
+            return problem
+    return None
+
+
+def cancel(c: Conn, rng: random.Random) -> str | None:
+    agent = c.agent(max_tokens=200)
+    rid = c.start(agent, rng.choice(QUESTIONS))
+    if c.until(rid, first_text=True) is None:
         c.send(codec.CancelRequest(request_id=c.next_id(), agent_id=agent,
                                    mode=rng.choice(list(codec.CancelMode))))
-        while True:
-            body = c.recv()
-            if isinstance(body, codec.TurnComplete) and body.request_id == rid:
-                break
-        tally.ok("cancel")
-    finally:
-        c.close()
+        c.until(rid)
+    return None
 
 
-def act_export_import(port, rng, tally):
-    c = Conn(port)
-    try:
-        agent = c.agent()
-        c.turn_until(agent, rng.choice(QUESTIONS))
-        exported = c.request(codec.ExportDialogRequest(request_id=c.next_id(), agent_id=agent))
-        other = c.agent()
-        reply = c.request(codec.ImportDialogRequest(
-            request_id=c.next_id(), agent_id=other, snapshot=bytes(exported.snapshot)))
-        if not isinstance(reply, codec.ImportDialogResponse):
-            tally.wrong("export_import", repr(reply))
-            return
-        done = c.turn_until(other, rng.choice(QUESTIONS))
-        if done.status != codec.TurnStatus.Success:
-            tally.wrong("export_import", repr(done))
-            return
-        tally.ok("export_import")
-    finally:
-        c.close()
+def export_import(c: Conn, rng: random.Random) -> str | None:
+    agent = c.agent()
+    c.until(c.start(agent, rng.choice(QUESTIONS)))
+    exported = c.request(codec.ExportDialogRequest(request_id=c.next_id(), agent_id=agent))
+    other = c.agent()
+    reply = c.request(codec.ImportDialogRequest(
+        request_id=c.next_id(), agent_id=other, snapshot=bytes(exported.snapshot)))
+    if not isinstance(reply, codec.ImportDialogResponse):
+        return repr(reply)
+    return _failed(c.until(c.start(other, rng.choice(QUESTIONS))))
 
 
-def act_garbage(port, rng, tally):
-    c = Conn(port)
+def garbage(c: Conn, rng: random.Random) -> str | None:
     try:
         for _ in range(rng.randint(1, 20)):
             n = rng.randint(1, 200)
             c.sock.sendall(n.to_bytes(4, "little") + rng.randbytes(n))
-        c.sock.sendall(codec.encode(codec.DebugCommandRequest(request_id=7, command="echo",
-                                                              args=["alive"])))
-        while True:
-            body = c.recv()                         # errors for the garbage, then the echo
-            if isinstance(body, codec.DebugCommandResponse):
-                break
-        tally.ok("garbage")
+        reply = c.request(codec.DebugCommandRequest(request_id=c.next_id(), command="echo",
+                                                    args=["alive"]))   # after the errors
+        return None if reply.output == "alive" else repr(reply)
     except ConnectionError:
-        tally.ok("garbage")                         # a frame the server had to close on
-    finally:
-        c.close()
+        return None                                 # a frame the server had to close on
 
 
-def act_slow_reader(port, rng, tally):
-    c = Conn(port)
+def slow_reader(c: Conn, rng: random.Random) -> str | None:
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    rid = c.start(c.agent(max_tokens=300), "Tell me a long story about the town.")
+    time.sleep(rng.uniform(0.5, 3.0))               # not reading
+    return _failed(c.until(rid))
+
+
+def disconnect(c: Conn, rng: random.Random) -> str | None:
+    c.start(c.agent(max_tokens=200), rng.choice(QUESTIONS))
+    time.sleep(rng.uniform(0.0, 0.5))
+    return None                                     # the close is the point
+
+
+def perform(action, port: int, rng: random.Random, tally: Tally) -> None:
     try:
-        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        agent = c.agent(max_tokens=300)
-        rid = c.next_id()
-        c.send(codec.SendMessageRequest(request_id=rid, agent_id=agent,
-                                        text="Tell me a long story about the town."))
-        time.sleep(rng.uniform(0.5, 3.0))           # not reading
-        while True:
-            body = c.recv()
-            if isinstance(body, codec.TurnComplete) and body.request_id == rid:
-                break
-        tally.ok("slow_reader")
-    finally:
-        c.close()
-
-
-def act_disconnect(port, rng, tally):
-    c = Conn(port)
+        c = Conn(port)
+    except (OSError, ConnectionError, AssertionError) as exc:
+        tally.record(action.__name__, f"connect: {exc!r}")
+        return
     try:
-        agent = c.agent(max_tokens=200)
-        c.send(codec.SendMessageRequest(request_id=c.next_id(), agent_id=agent,
-                                        text=rng.choice(QUESTIONS)))
-        time.sleep(rng.uniform(0.0, 0.5))
-        tally.ok("disconnect")
+        tally.record(action.__name__, action(c, rng))
+    except (OSError, ConnectionError, AssertionError) as exc:
+        tally.record(action.__name__, repr(exc))
     finally:
         c.close()
 
 
-ACTIONS = [act_turn, act_turn, act_cancel, act_export_import, act_garbage, act_slow_reader,
-           act_disconnect]
+ACTIONS = [turn, turn, cancel, export_import, garbage, slow_reader, disconnect]
 
 
 def probe(pid: int, port: int) -> dict:
@@ -282,11 +253,7 @@ def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
         def worker(i: int) -> None:
             rng = random.Random(seed * 1000 + salt * 100 + i)
             while time.monotonic() < stop:
-                action = rng.choice(ACTIONS)
-                try:
-                    action(port, rng, tally)
-                except (OSError, ConnectionError, AssertionError) as exc:
-                    tally.wrong(action.__name__, repr(exc))
+                perform(rng.choice(ACTIONS), port, rng, tally)
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
         for t in threads:
@@ -297,7 +264,7 @@ def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
     try:
         warm = random.Random(seed)
         for action in dict.fromkeys(ACTIONS):      # warm-up: each action once, then the
-            action(port, warm, tally)              # whole load briefly, so the thread
+            perform(action, port, warm, tally)     # whole load briefly, so the thread
         phase(WARM_S, 0)                           # pools reach their working size
         before = settle(pid, port)
         phase(seconds, 1)
