@@ -2,9 +2,9 @@
 
 Built: Generate, CannedResponse, Instruction, HumanMessageGuardrail, ToolCall, Pause, Speak,
 GenerateAndSpeak, ClassifyIntentLLM, IntentToInstruction, Retrieve, ClassifyIntent,
-ClassifyAttributesLLM, WriteToMemory, Summarize: every member of the NodeParams union. A
-node type whose params ask for what this build lacks (LoRA adaptation, per-node context
-overrides) is refused at compile time with 2007 FeatureNotAvailable naming it.
+ClassifyAttributesLLM, WriteToMemory, Summarize: every member of the NodeParams union.
+LoRA adaptation and per-node context overrides choose the context a language-model node
+runs on (nodes/llm.py compile_lane).
 """
 from tryll_fast.workflow.graph import NodeType
 from tryll_fast.workflow.nodes.canned import CannedResponseNode
