@@ -159,7 +159,7 @@ class ContextSpec:
 
     @property
     def is_base(self) -> bool:
-        return self == _BASE_SPEC
+        return self == BASE_CONTEXT
 
     def describe(self) -> str:
         """A short human name: 'base', or the adapters and overrides it differs by."""
@@ -171,7 +171,8 @@ class ContextSpec:
         return " ".join(parts) or "base"
 
 
-_BASE_SPEC = ContextSpec()
+# The engine's own context: no adapters, no overrides.
+BASE_CONTEXT = ContextSpec()
 
 
 @runtime_checkable

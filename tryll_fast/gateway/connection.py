@@ -593,8 +593,7 @@ class PipelineConnection:
 
     def _emit_local(self, element: el.Element) -> None:
         """An element made on the loop, queued behind the frames already queued."""
-        if not self._lost:
-            self._put(element, LOCAL_ELEMENT_BYTES)
+        self._put(element, LOCAL_ELEMENT_BYTES)
 
     async def _pump(self) -> None:
         fmt, version = self.params.output_format, self.params.protocol_version

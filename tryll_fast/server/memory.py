@@ -46,8 +46,8 @@ def give_back_heap() -> bool:
     """Return the C heap's free pages to the system (glibc's malloc_trim). A closed session
     frees its agents' buffers, KV states and, with its last lease, a model's contexts, but
     glibc keeps the freed pages in its per-thread arenas, so the process stayed 150 MB above
-    its idle size after a soak; a trim gives them back (docs/configuration.md, "Hostile
-    and careless clients"). True when something was returned."""
+    its idle size after a soak; a trim gives them back (docs/configuration.md, "The heap
+    after teardown"). True when something was returned."""
     return bool(_malloc_trim(0)) if _malloc_trim is not None else False
 
 

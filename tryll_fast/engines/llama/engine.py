@@ -10,6 +10,7 @@ while a step computes.
 """
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -19,7 +20,7 @@ import time
 from tryll_fast.engines.llama import model as model_mod
 from tryll_fast.engines.llama._detok import TextStream
 from tryll_fast.engines.llama.conversations import TIERS
-from tryll_fast.engines.llama.lanes import Lane, LaneKey
+from tryll_fast.engines.llama.lanes import BASE as _BASE, Lane, LaneKey
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest
 from tryll_fast.engines.llama.model import LlamaModel
 from tryll_fast.engines.llama.request import RequestHandle
@@ -28,8 +29,6 @@ from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 from tryll_fast.engines.llama.scheduler import Request, Scheduler
 
 log = logging.getLogger(__name__)
-
-_BASE = LaneKey()
 
 MAX_THROTTLE_SLEEP_S = 0.25
 
@@ -66,12 +65,14 @@ class LlamaEngine:
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
         self._owns_model = not isinstance(model, LlamaModel)
         self.model = LlamaModel(model) if self._owns_model else model
-        self._lane_args = ({"n_ctx": n_ctx, "n_batch": n_batch, "n_threads": n_threads,
-                            "n_threads_batch": n_threads_batch,
-                            "flash_attn_type": flash_attn_type},
-                           n_slots, n_prefix_slots, prefix_cell_budget, spill_dir, evict_to)
+        # key -> a new Lane with this engine's settings
+        self._new_lane = functools.partial(
+            Lane, {"n_ctx": n_ctx, "n_batch": n_batch, "n_threads": n_threads,
+                   "n_threads_batch": n_threads_batch, "flash_attn_type": flash_attn_type},
+            self.model, n_slots=n_slots, n_prefix_slots=n_prefix_slots,
+            prefix_cell_budget=prefix_cell_budget, spill_root=spill_dir, evict_to=evict_to)
         try:
-            base = Lane(self._lane_args[0], self.model, LaneKey(), *self._lane_args[1:])
+            base = self._new_lane(_BASE)
         except BaseException:
             if self._owns_model:
                 self.model.close()
@@ -309,7 +310,7 @@ class LlamaEngine:
         def run():
             lane = self._lanes.get(key)
             if lane is None:
-                lane = Lane(self._lane_args[0], self.model, key, *self._lane_args[1:])
+                lane = self._new_lane(key)
                 lane.sched.throttle = self._sched.throttle
                 lane.sched.prefill_while_decoding = self._sched.prefill_while_decoding
                 self._lanes[key] = lane
@@ -330,7 +331,7 @@ class LlamaEngine:
             if lane.refs > 0:
                 return
             del self._lanes[key]
-            for k in [k for k, v in self._key_lane.items() if v is key or v == key]:
+            for k in [k for k, v in self._key_lane.items() if v == key]:
                 del self._key_lane[k]
             lane.close()
             log.info("llama lane closed: %s", key.describe())
@@ -354,7 +355,7 @@ class LlamaEngine:
         """0 = full speed; towards 1 the scheduler sleeps longer between steps."""
         if not isinstance(throttle, (int, float)) or not 0.0 <= throttle <= 1.0:
             raise InvalidRequest(f"throttle={throttle!r} outside [0, 1]")
-        for lane in getattr(self, "_lanes", {}).values():
+        for lane in self._lanes.values():
             lane.sched.throttle = float(throttle)
 
     @property

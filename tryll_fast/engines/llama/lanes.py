@@ -14,13 +14,13 @@ import os
 
 from tryll_fast.engines.errors import InvalidRequest
 from tryll_fast.engines.llama.context import LlamaContext
-from tryll_fast.engines.roles import ContextSpec
 from tryll_fast.engines.llama.scheduler import Scheduler
 from tryll_fast.engines.llama.spill import SpillDir
+from tryll_fast.engines.roles import BASE_CONTEXT, ContextSpec
 
 # A lane is keyed by the role-level ContextSpec: the adapters and overrides it was made with.
 LaneKey = ContextSpec
-_BASE = LaneKey()
+BASE = BASE_CONTEXT
 
 
 class Lane:
@@ -38,16 +38,14 @@ class Lane:
         if n_batch < n_slots:
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots} (every "
                                  "generating sequence needs its token in each step)")
-        if key.n_ubatch > n_batch:
-            raise InvalidRequest(f"n_ubatch={key.n_ubatch} exceeds n_batch={n_batch}")
         try:
             for path, scale in key.adapters:
                 self.adapters.append((model.acquire_adapter(path), scale))
-            threads = key.n_threads or engine_opts["n_threads"]
             self.ctx = LlamaContext(
                 model, n_ctx=engine_opts["n_ctx"], n_seq_max=n_slots + n_prefix_slots,
                 n_batch=n_batch, n_ubatch=key.n_ubatch or None,
-                n_threads=threads, n_threads_batch=key.n_threads or engine_opts["n_threads_batch"],
+                n_threads=key.n_threads or engine_opts["n_threads"],
+                n_threads_batch=key.n_threads or engine_opts["n_threads_batch"],
                 kv_unified=True,
                 flash_attn_type=engine_opts["flash_attn_type"] if key.flash_attn is None
                 else key.flash_attn,

@@ -1,4 +1,6 @@
-"""A LoRA adapter GGUF for a model, written with the `gguf` package from seeded values.
+"""LoRA adapter GGUF files: the check a file must pass before llama.cpp loads it as an
+adapter for a model (check_lora_file), and a seeded one written for any model
+(write_lora).
 
 No LoRA adapter ships on PyPI, and training one needs torch; this writes an untrained one
 with the exact layout llama.cpp's adapter loader checks, so the adapter path (loading,
@@ -20,7 +22,9 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["DEFAULT_TARGETS", "write_lora"]
+from tryll_fast.engines.errors import ModelLoadError
+
+__all__ = ["DEFAULT_TARGETS", "check_lora_file", "write_lora"]
 
 # The attention projections: the usual LoRA targets, present in every llama-like model.
 DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output")
@@ -42,10 +46,9 @@ def write_lora(model_path: str | os.PathLike, out_path: str | os.PathLike, *, ra
     if rank < 1:
         raise ValueError(f"rank={rank} must be >= 1")
     reader = gguf.GGUFReader(os.fspath(model_path))
-    field = reader.fields.get("general.architecture")
-    if field is None:
+    model_arch = _text(reader, "general.architecture")
+    if model_arch is None:
         raise ValueError(f"{model_path}: no general.architecture in the model's metadata")
-    model_arch = bytes(field.parts[field.data[0]]).decode()
     targets = tuple(targets)
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(os.fspath(out_path), architecture or model_arch)
@@ -71,3 +74,36 @@ def write_lora(model_path: str | os.PathLike, out_path: str | os.PathLike, *, ra
     writer.write_tensors_to_file()
     writer.close()
     return os.fspath(out_path)
+
+
+def check_lora_file(path: str, architecture: str) -> None:
+    """Refuse, naming the reason, a file llama.cpp would refuse as a LoRA adapter for a model
+    of `architecture` (llama.cpp only logs why and returns NULL)."""
+    import gguf
+
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"LoRA adapter {name!r} is not a file")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ModelLoadError(f"{name!r} is not a GGUF file: {exc}") from None
+    kinds = _text(reader, "general.type"), _text(reader, "adapter.type")
+    if kinds != ("adapter", "lora"):
+        raise ModelLoadError(f"{name!r} is a GGUF file but not a LoRA adapter "
+                             f"(general.type={kinds[0]!r}, adapter.type={kinds[1]!r})")
+    arch = _text(reader, "general.architecture")
+    if arch != architecture:
+        raise ModelLoadError(f"LoRA adapter {name!r} is for architecture {arch!r}, the model "
+                             f"is {architecture!r}")
+
+
+def _text(reader, key: str) -> str | None:
+    """A string metadata value of a GGUFReader, None when absent or not a string."""
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    try:
+        return bytes(field.parts[field.data[0]]).decode()
+    except (UnicodeDecodeError, IndexError, TypeError):
+        return None

@@ -12,6 +12,7 @@ import weakref
 import llama_cpp.llama_cpp as C
 
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest, ModelLoadError
+from tryll_fast.engines.llama.lora_gguf import check_lora_file
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -237,7 +238,7 @@ class LlamaModel:
             if adapter is not None:
                 adapter.refs += 1
                 return adapter
-        check_lora_file(real, self.architecture)
+        check_lora_file(real, self.architecture)     # llama.cpp would only log why
         with self._lock:
             handle = C.llama_adapter_lora_init(self.handle, real.encode())
             if not handle:
@@ -317,34 +318,3 @@ class LoraAdapter:
     def __repr__(self):
         return f"LoraAdapter({os.path.basename(self.path)!r}, refs={self.refs})"
 
-
-def check_lora_file(path: str, architecture: str) -> None:
-    """Refuse, naming the reason, a file llama.cpp would refuse as a LoRA adapter for a model
-    of `architecture` (llama.cpp only logs why and returns NULL)."""
-    import gguf
-
-    name = os.path.basename(path)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"LoRA adapter {name!r} is not a file")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
-        raise ModelLoadError(f"{name!r} is not a GGUF file: {exc}") from None
-
-    def text(key: str) -> str | None:
-        field = reader.fields.get(key)
-        if field is None or not field.data:
-            return None
-        try:
-            return bytes(field.parts[field.data[0]]).decode()
-        except (UnicodeDecodeError, IndexError, TypeError):
-            return None
-
-    if text("general.type") != "adapter" or text("adapter.type") != "lora":
-        raise ModelLoadError(f"{name!r} is a GGUF file but not a LoRA adapter "
-                             f"(general.type={text('general.type')!r}, "
-                             f"adapter.type={text('adapter.type')!r})")
-    arch = text("general.architecture")
-    if arch != architecture:
-        raise ModelLoadError(f"LoRA adapter {name!r} is for architecture {arch!r}, the model "
-                             f"is {architecture!r}")
