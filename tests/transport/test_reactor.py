@@ -290,3 +290,49 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="stall_timeout"):
         Reactor(sock, object(), stall_timeout=0)
     sock.close()
+
+
+class Timed(Echo):
+    """Records when each frame arrived, and echoes it."""
+
+    def frame_received(self, payload):
+        self.log.append(("frame", time.monotonic(), payload))
+        self.conn.send(frame(payload))
+
+
+def test_a_connection_past_its_frame_budget_is_read_later_and_loses_nothing():
+    rate = 2000
+    h = Harness(max_frames_per_second=rate)
+    h.connection_made = lambda conn: h.receivers.append(Timed(conn, h.log)) or h.receivers[-1]
+    try:
+        s = h.client()
+        other = h.client()
+        n = 3 * rate
+        t0 = time.monotonic()
+        s.sendall(b"".join(frame(b"%06d" % i) for i in range(n)))
+        # another connection's frames are read at once, whatever the flooder's budget
+        other.sendall(frame(b"other"))
+        assert read_frames(other, 1) == [b"other"]
+        got = read_frames(s, n, timeout=30)
+        assert got == [b"%06d" % i for i in range(n)]                # all, in order
+        times = [t for kind, t, p in (e for e in h.log if e[0] == "frame") if p != b"other"]
+        assert len(times) == n and h.reactor.throttles > 0
+        # never faster than the bucket allows: one second's worth at once, then `rate`/s
+        for k in range(rate + 100, n, 250):
+            assert times[k] - t0 >= (k - rate) / rate - 0.01, (k, times[k] - t0)
+    finally:
+        h.stop()
+
+
+def test_no_frame_budget_means_no_throttling(h):
+    s = h.client()
+    s.sendall(b"".join(frame(b"%d" % i) for i in range(30_000)))
+    assert len(read_frames(s, 30_000, timeout=30)) == 30_000
+    assert h.reactor.throttles == 0 and h.reactor.max_frames_per_second == 0
+
+
+def test_a_negative_frame_budget_is_refused():
+    sock = socket.create_server(("127.0.0.1", 0))
+    with pytest.raises(ValueError, match="max_frames_per_second"):
+        Reactor(sock, object(), max_frames_per_second=-1)
+    sock.close()

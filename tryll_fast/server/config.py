@@ -156,6 +156,10 @@ SETTINGS: tuple[Setting, ...] = (
             "session destroyed", minimum=1),
     Setting("transport.max_connections", "int", 1024,
             "connections beyond this are closed on accept", minimum=1),
+    Setting("transport.max_frames_per_second", "int", 20_000,
+            "frames one connection may send per second (a bucket of one second's worth); a "
+            "connection past it is not read until it has budget again, so one flooding client "
+            "cannot take the reactor's CPU from the others. 0 = no budget", minimum=0),
     Setting("transport.direct_send", "bool", True,
             "a frame sent from another thread onto an empty queue is written by that thread, "
             "unless the connection had such a write < 50 µs ago (a burst: queued for one "
@@ -255,6 +259,7 @@ class ServerConfig:
     transport_send_queue_low_bytes: int
     transport_stall_timeout_ms: int
     transport_max_connections: int
+    transport_max_frames_per_second: int
     transport_direct_send: bool
     shutdown_deadline_ms: int
     workers_threads: int

@@ -169,7 +169,8 @@ class Server:
             low_water=cfg.transport_send_queue_low_bytes,
             stall_timeout=cfg.transport_stall_timeout_ms / 1000.0,
             max_connections=cfg.transport_max_connections,
-            direct_send=cfg.transport_direct_send)
+            direct_send=cfg.transport_direct_send,
+            max_frames_per_second=cfg.transport_max_frames_per_second)
         thread = threading.Thread(target=self._run_reactor, args=(reactor,),
                                   name="tryll-reactor", daemon=True)
         thread.start()

@@ -41,6 +41,9 @@ cdef class Connection:
     cdef double _paused_at
     cdef double _linger_until
     cdef double _last_direct          # when this connection last had a direct write
+    cdef double _tokens               # frames it may still deliver now (frame budget)
+    cdef double _refilled_at          # when _tokens was last topped up
+    cdef double _throttled_until      # > 0: budget spent, not read until then
     cdef object _writable             # threading.Event, set while not paused
     cdef readonly str close_reason
     # counters
@@ -59,6 +62,9 @@ cdef class Connection:
     cdef int _grow(self, Py_ssize_t need) except -1
     cdef int _on_readable(self) except -1
     cdef int _extract(self) except -1
+    cdef bint _spend(self) except -1
+    cdef int _throttle(self) except -1
+    cdef int _deliver_buffered(self) except -1
     cdef int _shrink(self) except -1
     cdef void _free_rbuf(self) noexcept
     cdef int _teardown(self, str reason) except -1
@@ -92,6 +98,7 @@ cdef class Reactor:
     cdef readonly double stall_timeout
     cdef readonly Py_ssize_t max_connections
     cdef readonly bint direct_send
+    cdef readonly double max_frames_per_second     # per connection; 0 = no budget
     # counters
     cdef readonly uint64_t accepted
     cdef readonly uint64_t rejected
@@ -106,6 +113,7 @@ cdef class Reactor:
     cdef readonly uint64_t pauses
     cdef readonly uint64_t stalls
     cdef readonly uint64_t framing_errors
+    cdef readonly uint64_t throttles
 
     cdef bint _on_loop_thread(self) noexcept
     cdef int _wake(self) except -1

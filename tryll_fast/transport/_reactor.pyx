@@ -91,6 +91,10 @@ cdef uint64_t KEY_WAKE = 0xFFFFFFFFFFFFFFFE
 # How long a gracefully closed connection waits for the peer's EOF after our
 # last byte (so unread input does not turn our final frames into an RST).
 cdef double LINGER_S = 2.0
+# A connection out of frame budget is read again once this many frames' worth refilled,
+# and not sooner than THROTTLE_MIN_S.
+cdef double THROTTLE_FRAMES = 64.0
+cdef double THROTTLE_MIN_S = 0.001
 # Foreign-thread sends closer together than this on one connection are a burst:
 # queued for one batched write instead of a syscall each (see the module doc).
 cdef double DIRECT_GAP_S = 50e-6

@@ -134,7 +134,7 @@ cdef class Connection:
         cdef uint32_t want = EPOLLRDHUP
         if self.closed:
             return 0
-        if not self.paused or self._wr_shut:
+        if (not self.paused and not self._throttled_until) or self._wr_shut:
             want |= EPOLLIN
         if self._blocked:
             want |= EPOLLOUT
@@ -288,8 +288,8 @@ cdef class Connection:
                         continue          # closing: the peer's input is read and dropped
                     self._rlen += n
                     self._extract()
-                    if self.paused:
-                        break             # backpressure: leave the rest in the kernel
+                    if self.paused or self._throttled_until:
+                        break             # backpressure or budget: the rest stays in the kernel
                     if n < want:
                         # a short read drained the socket: asking again would only
                         # return EAGAIN (one wasted syscall per wake-up); epoll is
@@ -327,6 +327,10 @@ cdef class Connection:
                 return 0
             if self._rlen - pos - 4 < length:
                 break
+            if self._throttled_until or not self._spend():
+                if not self._throttled_until:
+                    self._throttle()
+                break
             payload = PyBytes_FromStringAndSize(self._rbuf + pos + 4, length)
             pos += 4 + length
             self.frames_in += 1
@@ -347,6 +351,42 @@ cdef class Connection:
                 self._grow(length + 4 + READ_MIN_FREE)
         elif self._rcap > RBUF_KEEP:
             self._shrink()
+        return 0
+
+    cdef bint _spend(self) except -1:
+        """Take one frame from the budget: False when there is none left right now."""
+        cdef double rate = self._reactor.max_frames_per_second
+        cdef double now
+        if rate <= 0:
+            return True
+        now = _now()                    # a vDSO call: tens of nanoseconds a frame
+        self._tokens = min(rate, self._tokens + (now - self._refilled_at) * rate)
+        self._refilled_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    cdef int _throttle(self) except -1:
+        """The budget is spent: stop reading until a few frames' worth has refilled (not
+        one: a wake-up per frame would cost more than the frames)."""
+        cdef Reactor r = self._reactor
+        self._throttled_until = _now() + max(THROTTLE_MIN_S,
+                                             THROTTLE_FRAMES / r.max_frames_per_second)
+        r.throttles += 1
+        r._watched.add(self)
+        self._update_interest()
+        return 0
+
+    cdef int _deliver_buffered(self) except -1:
+        """Frames already in the read buffer, after the budget refilled (reactor thread)."""
+        self._in_read = True
+        try:
+            self._extract()
+        finally:
+            self._in_read = False
+        if self.closed:
+            self._free_rbuf()
         return 0
 
     cdef int _shrink(self) except -1:

@@ -12,10 +12,13 @@ cdef class Reactor:
 
     def __init__(self, listen_sock, handler, *, Py_ssize_t high_water=4 << 20,
                  Py_ssize_t low_water=1 << 20, double stall_timeout=30.0,
-                 Py_ssize_t max_connections=1024, bint direct_send=True):
+                 Py_ssize_t max_connections=1024, bint direct_send=True,
+                 double max_frames_per_second=0.0):
         """listen_sock: a bound, listening socket.socket (the reactor makes it
         non-blocking and owns it from now on). handler.connection_made(conn)
-        returns the connection's receiver."""
+        returns the connection's receiver. max_frames_per_second: each connection's
+        frame budget (a bucket of one second's worth, refilled continuously); a
+        connection that spent it is not read until it has some again. 0: no budget."""
         cdef epoll_event ev
         if not 0 < low_water <= high_water:
             raise ValueError(f"need 0 < low_water ({low_water}) <= high_water ({high_water})")
@@ -23,6 +26,9 @@ cdef class Reactor:
             raise ValueError(f"stall_timeout must be > 0 s, got {stall_timeout}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if max_frames_per_second < 0:
+            raise ValueError(f"max_frames_per_second must be >= 0, got {max_frames_per_second}")
+        self.max_frames_per_second = max_frames_per_second
         self.high_water = high_water
         self.low_water = low_water
         self.stall_timeout = stall_timeout
@@ -83,7 +89,7 @@ cdef class Reactor:
             "bytes_out": self.bytes_out, "sendmsg_calls": self.sendmsg_calls,
             "direct_writes": self.direct_writes, "wakeups": self.wakeups,
             "pauses": self.pauses, "stalls": self.stalls,
-            "framing_errors": self.framing_errors,
+            "framing_errors": self.framing_errors, "throttles": self.throttles,
         }
 
     def call_soon(self, fn, *args):
@@ -243,7 +249,14 @@ cdef class Reactor:
             return -1
         now = _now()
         for conn in self._watched:
-            deadline = conn._linger_until if conn._wr_shut else conn._paused_at + self.stall_timeout
+            if conn._wr_shut:
+                deadline = conn._linger_until
+            elif conn._throttled_until and not conn.paused:
+                deadline = conn._throttled_until
+            elif conn._throttled_until:
+                deadline = min(conn._throttled_until, conn._paused_at + self.stall_timeout)
+            else:
+                deadline = conn._paused_at + self.stall_timeout
             if best < 0 or deadline < best:
                 best = deadline
         if self._accept_retry_at and (best < 0 or self._accept_retry_at < best):
@@ -269,6 +282,14 @@ cdef class Reactor:
             elif conn._wr_shut:
                 if now >= conn._linger_until:
                     conn._teardown("closed")
+            elif conn._throttled_until and now < conn._throttled_until and not conn.paused:
+                pass                      # its budget refills: watched until then
+            elif conn._throttled_until and now >= conn._throttled_until:
+                conn._throttled_until = 0
+                conn._update_interest()
+                conn._deliver_buffered()  # frames read before the budget ran out
+                if not (conn.closed or conn._throttled_until or conn.paused):
+                    self._watched.discard(conn)
             elif not conn.paused:
                 self._watched.discard(conn)
             elif now - conn._paused_at >= self.stall_timeout:
@@ -319,6 +340,8 @@ cdef class Reactor:
             conn._out = []
             conn._writable = threading.Event()
             conn._writable.set()
+            conn._tokens = self.max_frames_per_second
+            conn._refilled_at = _now()
             conn.peer = _peer_name(fd)
             conn._interest = EPOLLIN | EPOLLRDHUP
             memset(&ev, 0, sizeof(ev))
