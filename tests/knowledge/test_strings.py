@@ -181,6 +181,7 @@ def test_paths_stay_under_the_storage_root(w, root):
              "../secret.txt": ErrorCode.StorageOutsideRoot,
              "lists/link.txt": ErrorCode.StorageOutsideRoot,
              "lists/none.txt": ErrorCode.StorageFileNotFound,
+             "lists/" + "x" * 300 + ".txt": ErrorCode.StorageFileNotFound,   # ENAMETOOLONG
              "lists/map.json": ErrorCode.StorageKindMismatch}     # a Map where a List is
     for i, (path, code) in enumerate(cases.items()):
         reply = create(w, name=f"p{i}", file_path=path)

@@ -311,6 +311,17 @@ def test_status_delete_and_record(tmp_path, http_server):
     assert store.delete("stt") is False
 
 
+def test_a_record_rewritten_by_another_store_is_seen(tmp_path, http_server):
+    # two stores over one directory stand in for the server and `tryll-fast models`
+    store = two_file_store(tmp_path, http_server)
+    other = ModelStore(store.root, store.catalog)
+    store.fetch("stt")
+    assert store.status("stt") == ModelStatus.Downloaded      # parsed and cached
+    assert other.delete("stt") is True
+    assert store.status("stt") == ModelStatus.Absent
+    assert store.status("vad") == ModelStatus.Downloaded
+
+
 def test_files_without_a_record_are_rehashed_not_refetched(tmp_path, http_server):
     store = http_store(tmp_path, http_server)
     store.fetch("vad")

@@ -217,6 +217,18 @@ def test_message_without_body_is_5001(session):
     assert err.code == ErrorCode.MalformedMessage and "no body" in err.message
 
 
+def test_a_known_body_type_without_its_table_is_5001(session):
+    payload = bytearray(codec.encode(codec.ListModelsRequest(request_id=56))[4:])
+    root = struct.unpack_from("<I", payload, 0)[0]
+    vtable = root - struct.unpack_from("<i", payload, root)[0]
+    struct.pack_into("<H", payload, vtable + 6, 0)           # Message.body: absent
+    session.send_payload(bytes(payload))
+    err = session.recv()
+    assert err.code == ErrorCode.MalformedMessage and "ListModelsRequest" in err.message
+    assert isinstance(session.request(codec.ListModelsRequest(request_id=57)),
+                      codec.ListModelsResponse)
+
+
 def test_reply_over_one_mebibyte_is_5003_and_the_connection_survives(session):
     err = session.expect_error(codec.DebugCommandRequest(request_id=61, command="repeat",
                                                          args=["x", str(1 << 21)]),

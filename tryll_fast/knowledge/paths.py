@@ -41,7 +41,13 @@ def target(root: Path, relative: str, what: str) -> Path:
 
 def resolve(root: Path, relative: str, *, suffixes: tuple[str, ...], what: str) -> Path:
     real = target(root, relative, what)
-    if not real.is_file():
+    try:
+        is_file = real.is_file()
+    except OSError as exc:              # a name too long for the file system, and the like
+        raise TryllError(ErrorCode.StorageFileNotFound,
+                         f"{what}: {relative!r} cannot be a file under the storage root "
+                         f"({exc.strerror})") from None
+    if not is_file:
         raise TryllError(ErrorCode.StorageFileNotFound,
                          f"{what}: {relative!r} is not a file under the storage root")
     if suffixes and not real.name.lower().endswith(suffixes):

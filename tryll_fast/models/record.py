@@ -32,8 +32,26 @@ class DownloadsRecord:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.path = self.root / RECORD_NAME
+        # the last parse, keyed by the file's identity and change time: status() asks for
+        # every catalog entry's record on each ListModels, and a stat is far cheaper than
+        # reading and parsing the JSON again (another process may rewrite it: the key sees)
+        self._cached: tuple[tuple[int, int, int, int], dict[str, dict[str, Any]]] | None = None
 
     def models(self) -> dict[str, dict[str, Any]]:
+        """The recorded models (read-only: shared between calls until the file changes)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return {}
+        key = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+        cached = self._cached
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        models = self._read()
+        self._cached = (key, models)
+        return models
+
+    def _read(self) -> dict[str, dict[str, Any]]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -81,7 +99,7 @@ class DownloadsRecord:
 
     def _update(self, change: Callable[[dict[str, Any]], None]) -> None:
         with self._locked():
-            models = self.models()
+            models = self._read()           # a fresh copy: the cached one is shared
             change(models)
             self._write({"format": RECORD_FORMAT, "models": models})
 

@@ -138,6 +138,7 @@ class Server:
         self._warmed: set[int] = set()
         self.front_doors: list[Any] = []            # other transports (the pipeline gateway)
         self.teardowns = 0                          # sessions fully torn down
+        self.lane_high_water = 0                    # of closed sessions' lanes (dev stats)
         self._trim_queued = False                   # a heap trim waits for a worker
 
     # ---- lifecycle ----
@@ -293,6 +294,7 @@ class Server:
         with self._lock:
             self.connections.discard(session)
             self.sessions.pop(session.id, None)
+            self.lane_high_water = max(self.lane_high_water, session.lane.high_water)
             ops = list(session.operations)
             pins = list(session.pins)
             agents = list(session.agents.values())
@@ -536,10 +538,14 @@ class Server:
             ops = [(op.kind, op.name, op.session.id) for op in self._operations]
             sessions = len(self.sessions)
             connections = len(self.connections)
+            lane_high_water = max([self.lane_high_water,
+                                   *(s.lane.high_water for s in self.connections)])
             pins = {k: sorted(v) for k, v in self._pins.items()}
         return {
             "connections": connections, "sessions": sessions, "teardowns": self.teardowns,
             "operations": len(ops), "operation_kinds": sorted({k for k, _, _ in ops}),
+            "lane_high_water": lane_high_water,
+            "python_threads": sorted(t.name for t in threading.enumerate()),
             "pins": pins, "throttle": self.throttle.effective,
             "shutting_down": self.shutting_down,
             "reactor": self.reactor.stats() if self.reactor is not None else {},

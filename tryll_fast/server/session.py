@@ -81,6 +81,7 @@ class SerialLane:
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
         self._lock = threading.Lock()
         self._running = False
+        self.high_water = 0             # the most jobs ever waiting at once (dev stats)
 
     def __len__(self) -> int:
         """Jobs waiting (not the one running)."""
@@ -89,6 +90,8 @@ class SerialLane:
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
             self._queue.append(job)
+            if len(self._queue) > self.high_water:
+                self.high_water = len(self._queue)
             if self._running:
                 return
             self._running = True
@@ -160,6 +163,11 @@ class Session:
                 self.send_error(getattr(body, "request_id", 0), ErrorCode.UnknownMessageType,
                                 f"{type(body).__name__} is a server-to-client message; "
                                 "a client cannot send it")
+            return
+        if body is None:                # a known tag whose table is absent: nothing to serve
+            self.send_error(0, ErrorCode.MalformedMessage,
+                            f"malformed message: Message.body_type is {route.name} but the "
+                            "body itself is absent")
             return
         if self.id == 0 and route.before_session != "serve":
             if route.before_session == "reject" and not route.silent:
