@@ -3,6 +3,8 @@
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make fuzz    a longer atheris campaign on the codec
+#   make fuzz-server  mutated frames of every request type against a live server
+#   make soak / make flood  a careless workload / a million-frame flood, back to baseline
 #   make gen     regenerate checked-in code from schema/
 #   make serve   install, fetch the default models, serve on 127.0.0.1:9100 (TCP) and
 #                127.0.0.1:9101 (the pipeline: WebSocket /pipeline, Socket.IO, the example agents)
@@ -47,7 +49,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test bench soak fuzz gen serve install clean profile-build llama-server
+.PHONY: test bench soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -115,6 +117,17 @@ SOAK_MINUTES ?= 10
 soak: install
 	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) --quiet SmolLM2-135M-Instruct
 	$(PY) -m benchmarks.soak --minutes $(SOAK_MINUTES)
+
+# Structure-aware fuzzing of a live server beside a healthy session (fuzz/server.py);
+# FUZZ_SERVER_FRAMES=N to change its length. make test runs 40 000 frames of it.
+FUZZ_SERVER_FRAMES ?= 500000
+fuzz-server: install
+	$(PY) -m fuzz.server --frames $(FUZZ_SERVER_FRAMES)
+
+# One connection sends a million mutated frames; peak memory, the queue cap, a healthy
+# session's first token during it, and the process back to baseline (benchmarks/flood.py).
+flood: install
+	$(PY) -m benchmarks.flood
 
 # Only the [fuzz] extra's requirements: `pip install -e .[fuzz]` would recompile.
 fuzz: install

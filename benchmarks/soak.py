@@ -6,7 +6,8 @@ process went back to where it started.
 
 The server is a subprocess (benchmarks.transport_server, dev mode) with the real SmolLM2.
 `--clients` threads each loop over random actions, each on a connection of its own:
-streamed turns, turns cancelled after their first token, dialog export into a new agent,
+streamed turns, turns cancelled after their first token, turns paused on a tool call (then
+resumed with the result, cancelled, or left by a disconnect), dialog export into a new agent,
 garbage frames (a length prefix and random bytes), a reader that stops reading in the
 middle of a long answer and comes back, and a client that disconnects mid-turn.
 
@@ -178,6 +179,53 @@ def slow_reader(c: Conn, rng: random.Random) -> str | None:
     return _failed(c.until(rid))
 
 
+TOOLS = [codec.ToolDefinition(name="open_door", description="Open a door of the bakery.",
+                              parameters=[codec.ToolParamDefinition(
+                                  name="door", type="string", enum_values=["front", "back"])])]
+
+
+def tool_pause(c: Conn, rng: random.Random) -> str | None:
+    """A turn that pauses on a tool call (the game runs the tool), then one of: the result
+    sent back (the turn must finish), a cancel, or a disconnect while paused."""
+    sampling = codec.SamplingOverrides(temperature=0.0, max_tokens=32)
+    reply = c.request(codec.CreateAgentRequest(
+        request_id=c.next_id(), default_model_name=SMOL,
+        graph=codec.GraphDescription(start_node="detect", nodes=[
+            codec.NodeDescription(name="detect", params=codec.ToolCallParams(
+                system_prompt=SYSTEM, tools=TOOLS, mode=codec.ToolCallMode.RequireCall,
+                disposition=codec.ToolCallDisposition.AwaitResult, sampling=sampling,
+                tool_called_exit="answer", no_tool_called_exit="answer")),
+            codec.NodeDescription(name="answer", params=codec.GenerateParams(
+                system_prompt=SYSTEM, sampling=codec.SamplingOverrides(
+                    temperature=0.0, max_tokens=16)))])))
+    if not isinstance(reply, codec.CreateAgentResponse):
+        return repr(reply)
+    agent = reply.agent_id
+    rid = c.start(agent, "Please open the front door.")
+    calls = []
+    while True:
+        body = c.recv()
+        if isinstance(body, codec.TurnComplete):
+            return f"the turn ended before it paused: {body!r}"
+        if isinstance(body, codec.NodeEvent) and body.event_type == "tool_call":
+            calls.append({p.key: p.value for p in body.kv_pairs}["call_id"])
+        if isinstance(body, codec.NodeEvent) and body.event_type == "paused":
+            break
+    choice = rng.random()
+    if choice < 0.5:
+        ack = c.request(codec.ResumeAgentRequest(
+            request_id=c.next_id(), agent_id=agent,
+            tool_results=[codec.ToolResult(call_id=cid, result='{"open": true}')
+                          for cid in calls]))
+        if not isinstance(ack, codec.Ack):
+            return repr(ack)
+        return _failed(c.until(rid))
+    if choice < 0.75:
+        c.send(codec.CancelRequest(request_id=c.next_id(), agent_id=agent))
+        c.until(rid)
+    return None                                     # < 1: disconnect while paused
+
+
 def disconnect(c: Conn, rng: random.Random) -> str | None:
     c.start(c.agent(max_tokens=200), rng.choice(QUESTIONS))
     time.sleep(rng.uniform(0.0, 0.5))
@@ -198,7 +246,44 @@ def perform(action, port: int, rng: random.Random, tally: Tally) -> None:
         c.close()
 
 
-ACTIONS = [turn, turn, cancel, export_import, garbage, slow_reader, disconnect]
+ACTIONS = [turn, turn, cancel, tool_pause, export_import, garbage, slow_reader, disconnect]
+
+
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+              "0A": "LISTEN", "09": "LAST_ACK", "04": "FIN_WAIT1", "05": "FIN_WAIT2"}
+
+
+def _tcp_sockets(pid: int) -> dict:
+    """socket inode -> 'tcp local->remote STATE', from the process's /proc/net/tcp."""
+    got = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            local, remote = (int(a.split(":")[1], 16) for a in cols[1:3])
+            got[cols[9]] = f"tcp :{local}->:{remote} {TCP_STATES.get(cols[3], cols[3])}"
+    return got
+
+
+def fds_of(pid: int) -> dict:
+    """fd number -> what it points at (a file path, anon_inode:[eventfd], or for a TCP
+    socket its ports and state), so a leak names itself."""
+    got = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            got[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:                             # closed between listdir and readlink
+            pass
+    if any(t.startswith("socket:") for t in got.values()):
+        tcp = _tcp_sockets(pid)
+        for n, t in got.items():
+            if t.startswith("socket:["):
+                got[n] = tcp.get(t[8:-1], t)
+    return got
 
 
 def probe(pid: int, port: int) -> dict:
@@ -209,6 +294,8 @@ def probe(pid: int, port: int) -> dict:
     try:
         stats = json.loads(c.request(codec.DebugCommandRequest(
             request_id=c.next_id(), command="stats")).output)
+        mine = f"->:{c.sock.getsockname()[1]} "
+        fd_targets = {n: t for n, t in fds_of(pid).items() if mine not in t}
     finally:
         c.close()
     cells = convs = 0
@@ -217,10 +304,11 @@ def probe(pid: int, port: int) -> dict:
             cells += ctx["context"]["kv_cells_used"]
             convs += len(ctx["sequences"])
     return {"rss_mb": int(status["VmRSS"].split()[0]) / 1024,
-            "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": int(status["Threads"]), "kv_cells": cells, "conversations": convs,
+            "fds": len(fd_targets), "fd_targets": fd_targets,
+            "threads": int(status["Threads"]), "thread_names": stats["python_threads"],
+            "kv_cells": cells, "conversations": convs,
             "models": len(stats["models_loaded"]), "sessions": stats["sessions"],
-            "operations": stats["operations"]}
+            "operations": stats["operations"], "lane_high_water": stats["lane_high_water"]}
 
 
 def settle(pid: int, port: int, seconds: float = 30) -> dict:
@@ -236,6 +324,31 @@ def settle(pid: int, port: int, seconds: float = 30) -> dict:
         time.sleep(0.25)
     time.sleep(1.0)
     return probe(pid, port)
+
+
+def verdict(name: str, problems: list[str], out) -> None:
+    """The last lines of a soak, flood or fuzzing run: each problem, then PASS or FAIL."""
+    for p in problems:
+        print(f"PROBLEM {p}", file=out)
+    print(f"{name}: " + ("FAIL" if problems else "PASS"), file=out)
+
+
+def growth(before: dict, after: dict) -> list[str]:
+    """Descriptors or threads the process has more of after than before, named."""
+    problems = []
+    if after["fds"] > before["fds"]:
+        new = {n: t for n, t in after["fd_targets"].items()
+               if before["fd_targets"].get(n) != t}
+        problems.append(f"descriptors grew from {before['fds']} to {after['fds']}; opened "
+                        f"since and still open: {new}")
+    if after["threads"] > before["threads"]:
+        new = list(after["thread_names"])
+        for name in before["thread_names"]:
+            if name in new:
+                new.remove(name)
+        problems.append(f"threads grew from {before['threads']} to {after['threads']} "
+                        f"(Python threads new since: {new or 'none, a native one'})")
+    return problems
 
 
 def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
@@ -278,9 +391,8 @@ def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
     for key in ("kv_cells", "conversations"):
         if after[key]:
             problems.append(f"{after[key]} {key} still held")
-    for key in ("fds", "threads"):
-        if after[key] > before[key]:
-            problems.append(f"{key} grew from {before[key]} to {after[key]}")
+    problems += growth(before, after)
+
     report = {"seconds": seconds, "clients": clients, "actions": tally.done,
               "before": before, "after": after, "problems": problems}
     print(f"soak: {seconds:.0f} s, {clients} clients, actions {tally.done}", file=out)
@@ -288,9 +400,7 @@ def run(seconds: float, clients: int = 6, margin_mb: float = 40, seed: int = 1,
     for key in ("rss_mb", "fds", "threads", "kv_cells", "conversations", "models", "sessions",
                 "operations"):
         print(f"{key:14}{before[key]:>10.1f}{after[key]:>10.1f}", file=out)
-    for p in problems:
-        print(f"PROBLEM {p}", file=out)
-    print("soak: " + ("FAIL" if problems else "PASS"), file=out)
+    verdict("soak", problems, out)
     return report
 
 

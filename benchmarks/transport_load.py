@@ -23,7 +23,8 @@ class ServerProcess:
     """A benchmark server in a subprocess (benchmarks.transport_server)."""
 
     def __init__(self, impl: str, direct_send: bool = True, *, models_dir: str | None = None,
-                 settings: tuple[str, ...] = (), pipeline_config: str | None = None) -> None:
+                 settings: tuple[str, ...] = (), pipeline_config: str | None = None,
+                 stderr=None) -> None:
         self.impl = impl
         extra = ["--models-dir", models_dir] if models_dir else []
         if pipeline_config:
@@ -33,7 +34,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.transport_server", "--impl", impl,
              "--direct-send", str(int(direct_send)), *extra],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
             self.proc.kill()

@@ -14,6 +14,6 @@ def test_a_short_soak_returns_to_baseline():
     report = soak.run(45, clients=6, margin_mb=40, out=out)
     print(out.getvalue())
     assert not report["problems"], out.getvalue()
-    assert set(report["actions"]) == {"turn", "cancel", "export_import", "garbage",
+    assert set(report["actions"]) == {"turn", "cancel", "tool_pause", "export_import", "garbage",
                                       "slow_reader", "disconnect"}, report["actions"]
     assert report["after"]["kv_cells"] == 0 and report["after"]["models"] == 0

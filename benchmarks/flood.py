@@ -1,0 +1,276 @@
+"""A flood: one connection sends a million frames, mutated copies of four valid requests
+(a third of them CreateAgentRequest), and reads its replies only when the server stops
+taking its frames. Beside it a healthy session streams real turns with SmolLM2.
+
+    python -m benchmarks.flood [--frames 1000000]
+    make flood
+
+Measured from outside the server process: its resident memory (sampled every 20 ms: the
+peak), the deepest queue of requests behind any session's lane (the dev-mode stats), the
+healthy session's first-token time before and during the flood, and the footprint once the
+flood and the healthy session closed, against the same after a warm-up flood. The peak is
+taken against the idle size with the healthy session's model loaded (its weights are
+mapped into the process while it has an agent), the return against the idle size with
+no session at all.
+
+Fails when the queue went past `session.max_queued_requests`, the peak went more than
+`--peak-bound-mb` above the loaded idle size, the process did not return within `--margin-mb` of
+it, a KV cell or conversation is still held, descriptors or threads grew, or a healthy
+turn failed.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+
+from tryll_fast import codec
+
+from benchmarks import soak
+from fuzz import corpus
+
+QUEUE_CAP = 1024                # session.max_queued_requests' default, which the server uses
+POOL = 4096                     # distinct frames, cycled: mutating a million costs minutes
+
+
+def four_requests() -> list[bytes]:
+    """CreateAgent (twice: a third of the flood once mutated), SendMessage, SetSessionLocale,
+    ListModels; as payloads."""
+    agent = codec.CreateAgentRequest(
+        request_id=7, default_model_name=soak.SMOL,
+        graph=codec.GraphDescription(start_node="answer", nodes=[codec.NodeDescription(
+            name="answer", params=codec.GenerateParams(
+                system_prompt=soak.SYSTEM,
+                sampling=codec.SamplingOverrides(temperature=0.0, max_tokens=8)))]))
+    bodies = [agent, agent,
+              codec.SendMessageRequest(request_id=8, agent_id=1, text="Who are you?"),
+              codec.SetSessionLocaleRequest(request_id=9, locale="de"),
+              codec.ListModelsRequest(request_id=10)]
+    return [codec.encode(b)[4:] for b in bodies]
+
+
+def frame_pool(rng: random.Random) -> list[bytes]:
+    """Half valid copies, half mutated; never an empty payload (a
+    length of 0 is a framing error the server hangs up on, which would end the flood)."""
+    seeds = four_requests()
+    out = []
+    while len(out) < POOL:
+        payload = seeds[len(out) % len(seeds)]
+        if rng.random() < 0.5:
+            payload = corpus.mutate(payload, rng, max_ops=2)
+        if payload:
+            out.append(struct.pack("<I", len(payload)) + payload)
+    return out
+
+
+def flood(port: int, total: int, rng: random.Random) -> dict:
+    """Send `total` frames as fast as the server takes them; read only when it does not."""
+    pool = frame_pool(rng)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(codec.encode(codec.CreateSessionRequest(request_id=1)))
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_WRITE)
+    splitter = codec.FrameSplitter()
+    sent = replies = reads = 0
+    pending = b""
+    closed = ""
+    t0 = time.monotonic()
+    while sent < total or pending:
+        if not pending:
+            n = min(256, total - sent)
+            start = sent % POOL
+            chunk = pool[start:start + n]
+            if len(chunk) < n:
+                chunk += pool[:n - len(chunk)]
+            pending = b"".join(chunk)
+            sent += n
+        try:
+            k = sock.send(pending)
+            pending = pending[k:]
+            continue
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            closed = repr(exc)
+            break
+        # the server stopped taking frames: now, and only now, read what it sent
+        sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        sel.select(5.0)
+        reads += 1
+        try:
+            while True:
+                data = sock.recv(1 << 20)
+                if not data:
+                    closed = "the server closed the flooding connection"
+                    break
+                replies += len(splitter.feed(data))
+        except BlockingIOError:
+            pass
+        sel.modify(sock, selectors.EVENT_WRITE)
+        if closed:
+            break
+    seconds = time.monotonic() - t0
+    sock.close()
+    return {"frames": sent, "replies": replies, "reads": reads, "seconds": seconds,
+            "closed": closed}
+
+
+class Sampler:
+    """Resident memory every 20 ms and the lane high-water mark every 250 ms."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        self.pid, self.port = pid, port
+        self.peak_mb = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss_mb(self) -> float:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            self.peak_mb = max(self.peak_mb, self._rss_mb())
+
+    def __enter__(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def healthy_turns(c: soak.Conn, agent: int, stop: threading.Event, first_token: list,
+                  problems: list, count: int | None = None, whole: list | None = None) -> None:
+    """Streamed turns, each's first-token time appended (and its whole time to `whole`),
+    until `stop` (or `count` turns)."""
+    done_turns = 0
+    while not stop.is_set() and (count is None or done_turns < count):
+        t0 = time.monotonic()
+        rid = c.start(agent, "Who are you?")
+        c.until(rid, first_text=True)
+        first_token.append(time.monotonic() - t0)
+        done = c.until(rid)
+        if done.status != codec.TurnStatus.Success:
+            problems.append(f"a healthy turn failed: {done!r}")
+            return
+        if whole is not None:
+            whole.append(time.monotonic() - t0)
+        done_turns += 1
+
+
+def _ms(values: list[float]) -> dict:
+    ms = sorted(v * 1000 for v in values)
+    return {"median": ms[len(ms) // 2], "max": ms[-1], "n": len(ms)} if ms else {}
+
+
+def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 40,
+        seed: int = 1, out=sys.stdout) -> dict:
+    from benchmarks.transport_load import ServerProcess
+    from tryll_fast.models import ensure_model
+    ensure_model(soak.SMOL, soak.MODELS_DIR)
+    server = ServerProcess("reactor", models_dir=soak.MODELS_DIR, settings=soak.SETTINGS)
+    pid, port = server.proc.pid, server.port
+    rng = random.Random(seed)
+    problems: list[str] = []
+    idle_ft: list[float] = []
+    flood_ft: list[float] = []
+    idle_turn: list[float] = []
+    flood_turn: list[float] = []
+    try:
+        # warm-up: the same as below, shorter, then everything closed, so the baseline has
+        # the model's pages and the thread pools at their working size
+        warm = soak.Conn(port)
+        warm_agent = warm.agent(max_tokens=16)
+        healthy_turns(warm, warm_agent, threading.Event(), [], problems, 2)
+        stop = threading.Event()
+        beside = threading.Thread(target=healthy_turns,
+                                  args=(warm, warm_agent, stop, [], problems))
+        beside.start()
+        flood(port, 50_000, rng)
+        stop.set()
+        beside.join(120)
+        warm.close()
+        before = soak.settle(pid, port)
+
+        c = soak.Conn(port)
+        agent = c.agent(max_tokens=16)
+        healthy_turns(c, agent, threading.Event(), idle_ft, problems, 5, idle_turn)
+        loaded = soak.probe(pid, port)          # idle, with the healthy session's model
+        stop = threading.Event()
+        beside = threading.Thread(target=healthy_turns,
+                                  args=(c, agent, stop, flood_ft, problems, None,
+                                        flood_turn))
+        with Sampler(pid, port) as sampler:
+            beside.start()
+            got = flood(port, frames, rng)
+            stop.set()
+            beside.join(120)
+        c.close()
+        after = soak.settle(pid, port)
+    finally:
+        server.close()
+    cap_seen = after["lane_high_water"]
+    if got["closed"]:
+        problems.append(f"the flood ended early: {got['closed']}")
+    if cap_seen > QUEUE_CAP:
+        problems.append(f"{cap_seen} requests waited behind one lane (cap {QUEUE_CAP})")
+    if sampler.peak_mb - loaded["rss_mb"] > peak_bound_mb:
+        problems.append(f"peak resident memory {sampler.peak_mb:.0f} MB is more than "
+                        f"{peak_bound_mb} MB above idle with the model loaded "
+                        f"({loaded['rss_mb']:.0f} MB)")
+    if after["rss_mb"] - before["rss_mb"] > margin_mb:
+        problems.append(f"resident memory after the flood {after['rss_mb']:.0f} MB is more "
+                        f"than {margin_mb} MB above idle ({before['rss_mb']:.0f} MB)")
+    for key in ("kv_cells", "conversations", "operations"):
+        if after[key]:
+            problems.append(f"{after[key]} {key} still held")
+    problems += soak.growth(before, after)
+    if not flood_ft:
+        problems.append("no healthy turn completed during the flood")
+    report = {"flood": got, "before": before, "loaded": loaded, "after": after,
+              "peak_mb": sampler.peak_mb,
+              "lane_high_water": cap_seen, "first_token_idle_ms": _ms(idle_ft),
+              "first_token_flood_ms": _ms(flood_ft), "turn_idle_ms": _ms(idle_turn),
+              "turn_flood_ms": _ms(flood_turn), "problems": problems}
+    print(f"flood: {got['frames']} frames in {got['seconds']:.1f} s "
+          f"({got['frames'] / got['seconds']:.0f}/s), {got['replies']} replies read in "
+          f"{got['reads']} reads", file=out)
+    print(f"resident memory: idle {before['rss_mb']:.1f} MB (no session), "
+          f"{loaded['rss_mb']:.1f} MB (the healthy session's model loaded), flood peak "
+          f"{sampler.peak_mb:.1f} MB, after {after['rss_mb']:.1f} MB (no session)", file=out)
+    print(f"deepest lane queue: {cap_seen} (cap {QUEUE_CAP})", file=out)
+    for name, ft, turn in (
+            ("idle", report["first_token_idle_ms"], report["turn_idle_ms"]),
+            ("during the flood", report["first_token_flood_ms"], report["turn_flood_ms"])):
+        if ft:
+            print(f"healthy turns {name}: first token median {ft['median']:.0f} ms, "
+                  f"max {ft['max']:.0f} ms; whole turn (16 tokens) median "
+                  f"{turn['median']:.0f} ms; {ft['n']} turns", file=out)
+    soak.verdict("flood", problems, out)
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--frames", type=int, default=1_000_000)
+    parser.add_argument("--peak-bound-mb", type=float, default=200)
+    parser.add_argument("--margin-mb", type=float, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    report = run(args.frames, args.peak_bound_mb, args.margin_mb, args.seed)
+    return 1 if report["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
