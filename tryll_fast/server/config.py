@@ -156,7 +156,7 @@ SETTINGS: tuple[Setting, ...] = (
             "session destroyed", minimum=1),
     Setting("transport.max_connections", "int", 1024,
             "connections beyond this are closed on accept", minimum=1),
-    Setting("transport.max_frames_per_second", "int", 20_000,
+    Setting("transport.max_frames_per_second", "int", 10_000,
             "frames one connection may send per second (a bucket of one second's worth); a "
             "connection past it is not read until it has budget again, so one flooding client "
             "cannot take the reactor's CPU from the others. 0 = no budget", minimum=0),
