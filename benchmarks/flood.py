@@ -122,10 +122,10 @@ def flood(port: int, total: int, rng: random.Random) -> dict:
 
 
 class Sampler:
-    """Resident memory every 20 ms and the lane high-water mark every 250 ms."""
+    """The process's peak resident memory, sampled every 20 ms."""
 
-    def __init__(self, pid: int, port: int) -> None:
-        self.pid, self.port = pid, port
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.peak_mb = 0.0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -150,28 +150,19 @@ class Sampler:
         self.thread.join()
 
 
-def healthy_turns(c: soak.Conn, agent: int, stop: threading.Event, first_token: list,
-                  problems: list, count: int | None = None, whole: list | None = None) -> None:
-    """Streamed turns, each's first-token time appended (and its whole time to `whole`),
-    until `stop` (or `count` turns)."""
-    done_turns = 0
-    while not stop.is_set() and (count is None or done_turns < count):
-        t0 = time.monotonic()
-        rid = c.start(agent, "Who are you?")
-        c.until(rid, first_text=True)
-        first_token.append(time.monotonic() - t0)
-        done = c.until(rid)
-        if done.status != codec.TurnStatus.Success:
-            problems.append(f"a healthy turn failed: {done!r}")
-            return
-        if whole is not None:
-            whole.append(time.monotonic() - t0)
-        done_turns += 1
-
-
-def _ms(values: list[float]) -> dict:
-    ms = sorted(v * 1000 for v in values)
-    return {"median": ms[len(ms) // 2], "max": ms[-1], "n": len(ms)} if ms else {}
+def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn, agent: int,
+                       first_token: list, whole: list, problems: list) -> dict:
+    """flood() while the healthy session `c` takes turns on `agent` (soak.timed_turns)."""
+    stop = threading.Event()
+    beside = threading.Thread(target=soak.timed_turns,
+                              args=(c, agent, first_token, whole, problems),
+                              kwargs={"stop": stop})
+    beside.start()
+    try:
+        return flood(port, frames, rng)
+    finally:
+        stop.set()
+        beside.join(120)
 
 
 def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 40,
@@ -192,30 +183,18 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
         # the model's pages and the thread pools at their working size
         warm = soak.Conn(port)
         warm_agent = warm.agent(max_tokens=16)
-        healthy_turns(warm, warm_agent, threading.Event(), [], problems, 2)
-        stop = threading.Event()
-        beside = threading.Thread(target=healthy_turns,
-                                  args=(warm, warm_agent, stop, [], problems))
-        beside.start()
-        flood(port, 50_000, rng)
-        stop.set()
-        beside.join(120)
+        soak.timed_turns(warm, warm_agent, [], [], problems, count=2)
+        flood_beside_turns(port, 50_000, rng, warm, warm_agent, [], [], problems)
         warm.close()
         before = soak.settle(pid, port)
 
         c = soak.Conn(port)
         agent = c.agent(max_tokens=16)
-        healthy_turns(c, agent, threading.Event(), idle_ft, problems, 5, idle_turn)
+        soak.timed_turns(c, agent, idle_ft, idle_turn, problems, count=5)
         loaded = soak.probe(pid, port)          # idle, with the healthy session's model
-        stop = threading.Event()
-        beside = threading.Thread(target=healthy_turns,
-                                  args=(c, agent, stop, flood_ft, problems, None,
-                                        flood_turn))
-        with Sampler(pid, port) as sampler:
-            beside.start()
-            got = flood(port, frames, rng)
-            stop.set()
-            beside.join(120)
+        with Sampler(pid) as sampler:
+            got = flood_beside_turns(port, frames, rng, c, agent, flood_ft, flood_turn,
+                                     problems)
         c.close()
         after = soak.settle(pid, port)
     finally:
@@ -240,9 +219,10 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
         problems.append("no healthy turn completed during the flood")
     report = {"flood": got, "before": before, "loaded": loaded, "after": after,
               "peak_mb": sampler.peak_mb,
-              "lane_high_water": cap_seen, "first_token_idle_ms": _ms(idle_ft),
-              "first_token_flood_ms": _ms(flood_ft), "turn_idle_ms": _ms(idle_turn),
-              "turn_flood_ms": _ms(flood_turn), "problems": problems}
+              "lane_high_water": cap_seen, "first_token_idle_ms": soak.spread_ms(idle_ft),
+              "first_token_flood_ms": soak.spread_ms(flood_ft),
+              "turn_idle_ms": soak.spread_ms(idle_turn),
+              "turn_flood_ms": soak.spread_ms(flood_turn), "problems": problems}
     print(f"flood: {got['frames']} frames in {got['seconds']:.1f} s "
           f"({got['frames'] / got['seconds']:.0f}/s), {got['replies']} replies read in "
           f"{got['reads']} reads", file=out)

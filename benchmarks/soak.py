@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 
 from tryll_fast import codec
 
@@ -326,6 +327,32 @@ def settle(pid: int, port: int, seconds: float = 30) -> dict:
     return probe(pid, port)
 
 
+def timed_turns(c: Conn, agent: int, first_token: list, whole: list, problems, *,
+                stop: threading.Event | None = None, count: int | None = None) -> bool:
+    """Streamed turns on `agent` until `stop` is set or `count` of them ran, each one's
+    first-token and whole time (seconds) appended; False after a failed turn, whose problem
+    is appended to `problems`."""
+    done = 0
+    while not (stop is not None and stop.is_set()) and (count is None or done < count):
+        t0 = time.monotonic()
+        rid = c.start(agent, "Who are you?")
+        c.until(rid, first_text=True)
+        first_token.append(time.monotonic() - t0)
+        end = c.until(rid)
+        if end.status != codec.TurnStatus.Success:
+            problems.append(f"a healthy turn failed: {end!r}")
+            return False
+        whole.append(time.monotonic() - t0)
+        done += 1
+    return True
+
+
+def spread_ms(seconds: list[float]) -> dict:
+    """{median, max, n} in milliseconds; {} for no values."""
+    ms = sorted(v * 1000 for v in seconds)
+    return {"median": ms[len(ms) // 2], "max": ms[-1], "n": len(ms)} if ms else {}
+
+
 def verdict(name: str, problems: list[str], out) -> None:
     """The last lines of a soak, flood or fuzzing run: each problem, then PASS or FAIL."""
     for p in problems:
@@ -342,10 +369,7 @@ def growth(before: dict, after: dict) -> list[str]:
         problems.append(f"descriptors grew from {before['fds']} to {after['fds']}; opened "
                         f"since and still open: {new}")
     if after["threads"] > before["threads"]:
-        new = list(after["thread_names"])
-        for name in before["thread_names"]:
-            if name in new:
-                new.remove(name)
+        new = list((Counter(after["thread_names"]) - Counter(before["thread_names"])).elements())
         problems.append(f"threads grew from {before['threads']} to {after['threads']} "
                         f"(Python threads new since: {new or 'none, a native one'})")
     return problems

@@ -35,7 +35,9 @@ import time
 from tryll_fast import codec
 from tryll_fast.errors import ErrorCode
 from tryll_fast.server.dispatch import CLIENT_MESSAGES
+from tryll_fast.transport import MAX_FRAME          # past it, the server hangs up
 
+from benchmarks import soak
 from fuzz import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,11 +45,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import fbs  # noqa: E402
 
 SCHEMA = fbs.parse(os.path.join(ROOT, "schema", "messages.fbs"))
-SMOL = "SmolLM2-135M-Instruct"
-MAX_FRAME = 1 << 20              # transport.max_frame_bytes' default: past it, a hang-up
 
 # Values that reach a handler's checks: real and missing names, escapes, sizes at the edges.
-STRINGS = ("", "answer", "speak", "tools", SMOL, "nope", "en", "de", "pt-BR", "xx-invalid",
+STRINGS = ("", "answer", "speak", "tools", soak.SMOL, "nope", "en", "de", "pt-BR", "xx-invalid",
            "hello there", "Open the gate!", "../../etc/passwd", "/etc/passwd", "a/../../b",
            "notes.txt", "lore.json", "loc/de/lore.txt", "{\"var\": \"mood\"}",
            "{{player_name}}", "Grüß Gott ☀️", "\u202e\u0000x", "stream", "echo", "stats",
@@ -147,7 +147,7 @@ class Problems:
         self.lock = threading.Lock()
         self.items: list[str] = []
 
-    def add(self, text: str) -> None:
+    def append(self, text: str) -> None:
         with self.lock:
             if len(self.items) < 50:
                 self.items.append(text)
@@ -175,13 +175,13 @@ class Fuzzer:
         try:
             body = codec.decode(payload).body
         except codec.CodecError as exc:
-            self.problems.add(f"the server sent a frame that does not decode: {exc}")
+            self.problems.append(f"the server sent a frame that does not decode: {exc}")
             return None
         if type(body) not in SERVER_TYPES:
-            self.problems.add(f"the server sent a client message: {type(body).__name__}")
+            self.problems.append(f"the server sent a client message: {type(body).__name__}")
         if isinstance(body, codec.ErrorResponse):
             if body.code not in KNOWN_CODES or not body.message:
-                self.problems.add(f"an error with an unknown code or no message: {body!r}")
+                self.problems.append(f"an error with an unknown code or no message: {body!r}")
             key = f"error {body.code}"
         else:
             key = type(body).__name__
@@ -210,7 +210,7 @@ class Fuzzer:
 
     def _closed(self) -> None:
         if not self.closed_by_server and not self.expect_close:
-            self.problems.add("the server closed a connection that sent no fatal frame")
+            self.problems.append("the server closed a connection that sent no fatal frame")
         self.closed_by_server = True
 
     def send(self, payload: bytes) -> bool:
@@ -244,7 +244,7 @@ class Fuzzer:
                 if getattr(body, "request_id", None) == sentinel:
                     return
         if not self.closed_by_server:
-            self.problems.add(f"a fuzzing connection did not answer in {timeout:.0f} s "
+            self.problems.append(f"a fuzzing connection did not answer in {timeout:.0f} s "
                               f"(a hang): {self.replies} replies so far")
 
     def close(self) -> None:
@@ -258,28 +258,17 @@ def healthy_turns(port: int, ready: threading.Event, stop: threading.Event,
                   problems: Problems, report: dict) -> None:
     """Real turns on their own session: one before `ready` is set, then until `stop`, then
     one more; every one must succeed."""
-    from benchmarks.soak import Conn
     c = None
     try:
-        c = Conn(port)
+        c = soak.Conn(port)
         agent = c.agent(max_tokens=16)
-        while True:
-            last = stop.is_set()
-            t0 = time.monotonic()
-            rid = c.start(agent, "Who are you?")
-            c.until(rid, first_text=True)
-            report["healthy_first_token_s"].append(time.monotonic() - t0)
-            done = c.until(rid)
-            if done.status != codec.TurnStatus.Success:
-                problems.add(f"a healthy turn failed: {done!r}")
-                return
-            report["healthy_turn_s"].append(time.monotonic() - t0)
-            report["healthy_turns"] += 1
+        timed = (c, agent, report["healthy_first_token_s"], report["healthy_turn_s"], problems)
+        if soak.timed_turns(*timed, count=1):
             ready.set()
-            if last:
-                return
+            if soak.timed_turns(*timed, stop=stop):
+                soak.timed_turns(*timed, count=1)       # one after the fuzzing
     except (OSError, ConnectionError, AssertionError) as exc:
-        problems.add(f"the healthy session broke: {exc!r}")
+        problems.append(f"the healthy session broke: {exc!r}")
     finally:
         ready.set()
         if c is not None:
@@ -346,15 +335,14 @@ def fuzz_connections(port: int, total: int, connections: int, rng: random.Random
 
 
 def run(total: int, connections: int = 3, seed: int = 1, out=sys.stdout) -> dict:
-    from benchmarks import soak
     from benchmarks.transport_load import ServerProcess
     from tryll_fast.models import ensure_model
-    ensure_model(SMOL, soak.MODELS_DIR)
+    ensure_model(soak.SMOL, soak.MODELS_DIR)
     log = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
     server = ServerProcess("reactor", models_dir=soak.MODELS_DIR, settings=soak.SETTINGS,
                            stderr=log)
     problems = Problems()
-    report = {"frames": 0, "fatal": 0, "types": {}, "replies": {}, "healthy_turns": 0,
+    report = {"frames": 0, "fatal": 0, "types": {}, "replies": {},
               "healthy_first_token_s": [], "healthy_turn_s": []}
     rng = random.Random(seed)
     ready, stop = threading.Event(), threading.Event()
@@ -370,22 +358,23 @@ def run(total: int, connections: int = 3, seed: int = 1, out=sys.stdout) -> dict
             stop.set()
             healthy.join(300)
         if server.proc.poll() is not None:
-            problems.add(f"the server exited with {server.proc.returncode}")
+            problems.append(f"the server exited with {server.proc.returncode}")
         else:
             after = soak.settle(server.proc.pid, server.port)
             for key in ("operations", "kv_cells", "conversations"):
                 if after[key]:
-                    problems.add(f"{after[key]} {key} still held after every connection closed")
+                    problems.append(f"{after[key]} {key} still held after every connection closed")
             if after["sessions"] != 1:
-                problems.add(f"{after['sessions'] - 1} sessions left behind")
+                problems.append(f"{after['sessions'] - 1} sessions left behind")
             report["after"] = after
     finally:
         server.close()
         log.seek(0)
         for problem in unhandled(log.read()):
-            problems.add(problem)
+            problems.append(problem)
         log.close()
     report["seconds"] = time.monotonic() - started
+    report["healthy_turns"] = len(report["healthy_turn_s"])
     report["problems"] = list(problems.items)
     missing = sorted(set(CLIENT_MESSAGES) - set(report["types"]))
     print(f"fuzz-server: {report['frames']} frames ({report['fatal']} fatal lengths) of "
@@ -393,19 +382,17 @@ def run(total: int, connections: int = 3, seed: int = 1, out=sys.stdout) -> dict
           f"{report['seconds']:.0f} s; {sum(report['replies'].values())} replies; "
           f"{report['healthy_turns']} healthy turns", file=out)
     if report["healthy_turn_s"]:
-        print("healthy turns: first token " + _spread(report["healthy_first_token_s"]) +
-              ", whole turn " + _spread(report["healthy_turn_s"]), file=out)
+        ft, turn = (soak.spread_ms(report[k]) for k in ("healthy_first_token_s",
+                                                        "healthy_turn_s"))
+        print(f"healthy turns: first token median {ft['median']:.0f} ms, max "
+              f"{ft['max']:.0f} ms, whole turn median {turn['median']:.0f} ms, max "
+              f"{turn['max']:.0f} ms", file=out)
     print("replies: " + ", ".join(f"{k} {v}" for k, v in sorted(report["replies"].items())),
           file=out)
     if missing and report["frames"] >= len(CLIENT_MESSAGES):
         report["problems"].append(f"request types never sent: {missing}")
     soak.verdict("fuzz-server", report["problems"], out)
     return report
-
-
-def _spread(seconds: list[float]) -> str:
-    ms = sorted(x * 1000 for x in seconds)
-    return f"median {ms[len(ms) // 2]:.0f} ms, max {ms[-1]:.0f} ms"
 
 
 def main(argv=None) -> int:

@@ -327,9 +327,10 @@ cdef class Connection:
                 return 0
             if self._rlen - pos - 4 < length:
                 break
-            if self._throttled_until or not self._spend():
-                if not self._throttled_until:
-                    self._throttle()
+            if self._throttled_until:
+                break                     # out of budget: the rest waits in the buffer
+            if not self._spend():
+                self._throttle()
                 break
             payload = PyBytes_FromStringAndSize(self._rbuf + pos + 4, length)
             pos += 4 + length
