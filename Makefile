@@ -1,5 +1,7 @@
 # tryll_fast developer entry points. Everything runs inside .venv (Python 3.11).
 #   make test    install (builds the Cython extensions), run the tests, list the slowest
+#   make test-gpu  the Vulkan build on a software device: placement and a part of the engine
+#   LLAMA_BACKEND=vulkan|cuda  (with install/serve/test) a GPU build of llama.cpp; cpu default
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make fuzz    a longer atheris campaign on the codec
@@ -13,7 +15,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed-$(LLAMA_BACKEND)
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.hpp) \
            $(wildcard tryll_fast/*/*.pyx tryll_fast/*/*.pxi tryll_fast/*/*.pxd tryll_fast/*/*/*.pyx)
 FUZZ_RUNS ?= 2000000
@@ -31,7 +33,20 @@ PYTEST_ARGS ?=
 # version and the flags, and installed from there: compiled from source once per machine.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-LLAMA_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-noamx
+# LLAMA_BACKEND=vulkan or cuda builds llama.cpp with that GPU backend as well, into a wheel
+# cache entry of its own (docs/configuration.md, "GPU builds"); cpu is the default. The
+# venv remembers which one it holds, so switching reinstalls the matching wheel.
+LLAMA_BACKEND ?= cpu
+ifeq ($(LLAMA_BACKEND),cpu)
+LLAMA_BACKEND_FLAGS :=
+else ifeq ($(LLAMA_BACKEND),vulkan)
+LLAMA_BACKEND_FLAGS := -DGGML_VULKAN=on
+else ifeq ($(LLAMA_BACKEND),cuda)
+LLAMA_BACKEND_FLAGS := -DGGML_CUDA=on
+else
+$(error LLAMA_BACKEND must be cpu, vulkan or cuda, not '$(LLAMA_BACKEND)')
+endif
+LLAMA_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-noamx$(if $(LLAMA_BACKEND_FLAGS),-$(LLAMA_BACKEND))
 LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
 
 # The peer benchmark (benchmarks/test_peer_llama_server.py) runs llama.cpp's own
@@ -49,18 +64,36 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test bench soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
+.PHONY: test test-gpu bench bench-backends soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+ifeq ($(LLAMA_BACKEND),cpu)
 $(LLAMA_WHEEL): | $(PY)
 	mkdir -p $(LLAMA_WHEELS)
 	CMAKE_ARGS='-DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)"' \
 		$(PIP) wheel --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir \
 		-w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	touch $@
+else
+# A GPU backend builds from the unpacked sdist, so that tools/llama_vulkan_compat.py can
+# adapt it to Debian 12's Vulkan headers first (a no-op with newer headers).
+$(LLAMA_WHEEL): | $(PY)
+	rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src
+	$(PIP) download --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir \
+		-d $(LLAMA_WHEELS)/src llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar -xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src
+	$(if $(filter vulkan,$(LLAMA_BACKEND)),$(PY) tools/llama_vulkan_compat.py \
+		$(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION))
+	CMAKE_ARGS='$(LLAMA_BACKEND_FLAGS) -DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)"' \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(PIP) wheel --quiet --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+		$(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)
+	rm -rf $(LLAMA_WHEELS)/src
+	touch $@
+endif
 
 # pip download of the sdist alone: with --no-binary :all: pip would also compile the build
 # backend's own requirements (cmake itself) from source just to read the metadata.
@@ -92,8 +125,13 @@ $(USEARCH_HEADERS): | $(PY)
 	mv $(USEARCH_DIR)/src/usearch-$(USEARCH_VERSION)/include $(USEARCH_DIR)/include
 	rm -rf $(USEARCH_DIR)/src
 
-# Re-install (and so recompile) only when a build input changed.
+# Re-install (and so recompile) only when a build input changed. The llama-cpp-python
+# wheel is reinstalled from this backend's cache entry every time: each backend's wheel
+# has the same name and version, so pip alone would keep whichever one it found first.
 $(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL) $(USEARCH_HEADERS)
+	rm -f $(VENV)/.installed*
+	$(PIP) install --quiet --force-reinstall --no-deps --no-index --find-links $(LLAMA_WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) -e '.[test]'
 	touch $(STAMP)
 
@@ -102,6 +140,28 @@ install: $(STAMP)
 # --durations=15: the slowest tests, so the suite's time budget stays in view as it grows
 test: install
 	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+
+# The Vulkan build, in a venv of its own, on llama.cpp's software Vulkan device (lavapipe,
+# Debian's mesa-vulkan-drivers): the placement tests, then a bounded part of the engine and
+# server suites with every language model on the device (TRYLL_LLAMA_PLACEMENT=vram).
+# lavapipe is slow, so the part is chosen by GPU_TESTS. .ci/run runs it after make test.
+GPU_VENV ?= .venv-vulkan
+GPU_TESTS ?= tests/engines/test_gpu.py \
+	tests/engines/test_engine.py::test_coherent_greedy_answer \
+	tests/engines/test_engine.py::test_second_turn_decodes_only_the_new_suffix \
+	tests/engines/test_engine.py::test_shared_prefix_is_stored_once_for_eight_agents \
+	tests/engines/test_engine.py::test_evict_restore_continues_like_the_unbroken_run \
+	tests/engines/test_engine.py::test_throttle_pauses_between_steps_and_keeps_the_text \
+	tests/server/test_model_messages.py::test_load_pin_memory_unload
+test-gpu:
+	$(MAKE) install VENV=$(GPU_VENV) LLAMA_BACKEND=vulkan
+	GGML_VK_VISIBLE_DEVICES=0 TRYLL_LLAMA_PLACEMENT=vram \
+		$(GPU_VENV)/bin/python -m pytest -p no:randomly --durations=10 $(GPU_TESTS)
+
+# The 8-NPC workload's tokens/s on the CPU build and on the Vulkan build (reported, not
+# gated: here the Vulkan device is lavapipe). Needs make test-gpu's venv for the second.
+bench-backends: install
+	$(PY) -m benchmarks.backends
 
 # --timeout=0: the tests' per-test limit (pyproject.toml) is not a benchmark's; a benchmark
 # runs a fixed number of rounds, however long this machine takes for them
@@ -153,4 +213,4 @@ serve: install
 		--pipeline-config $(PIPELINE_CONFIG) $(SERVE_ARGS)
 
 clean:
-	rm -rf build $(VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info
+	rm -rf build $(VENV) $(GPU_VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info

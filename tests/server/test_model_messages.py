@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tryll_fast import codec
+from tryll_fast.engines.llama import devices
 from tryll_fast.errors import ErrorCode
 
 from wire import MODELS_DIR, Wire, start_server, wait_for
@@ -155,6 +156,13 @@ def test_load_model_refusals(packaged, name, code, words):
     with session_wire(packaged) as w:
         err = w.expect_error(codec.LoadModelRequest(request_id=8, model_name=name), code)
     assert err.request_id == 8 and words in err.message
+
+
+def test_load_model_placement_outside_the_enum_is_2005(packaged):
+    with session_wire(packaged) as w:
+        err = w.expect_error(codec.LoadModelRequest(request_id=4, model_name="silero-vad",
+                                                    placement=9), ErrorCode.InvalidEngineSet)
+    assert err.request_id == 4 and "LoadModelRequest.placement: 9" in err.message
 
 
 def test_a_model_whose_engine_is_not_in_the_build_is_6008(tmp_path):
@@ -316,8 +324,14 @@ def test_load_pin_memory_unload(smollm2_server):
         assert (first.request_id, first.model_name, first.engine) == (1, SMOL,
                                                                        codec.InferenceEngine.LlamaCpp)
         assert not first.already_loaded and first.load_ms > 0
-        assert first.placement == codec.MemoryPlacement.Ram and first.vram_bytes == 0
-        assert first.ram_bytes > 50e6 and list(first.loaded_dependencies) == []
+        # Vram was asked for: a GPU build with a device honours it, a CPU build falls back
+        on_gpu = bool(devices.gpus())
+        if on_gpu:
+            assert first.placement == codec.MemoryPlacement.Vram and first.vram_bytes > 50e6
+        else:
+            assert first.placement == codec.MemoryPlacement.Ram and first.vram_bytes == 0
+            assert first.ram_bytes > 50e6
+        assert list(first.loaded_dependencies) == []
         again = w.request(codec.LoadModelRequest(request_id=2, model_name=SMOL))
         assert again.already_loaded and again.load_ms == 0
         models = {m.name: m for m in w.request(codec.ListModelsRequest(request_id=3)).models}
@@ -325,13 +339,20 @@ def test_load_pin_memory_unload(smollm2_server):
         snap = w.request(codec.GetMemoryConsumptionRequest(request_id=4))
         rows = [e for e in snap.entries if e.model_name == SMOL]
         weights = [e for e in rows if e.owner_kind == codec.MemoryOwnerKind.Model]
-        assert len(weights) == 1 and weights[0].size_bytes > 50e6 and weights[0].shared
-        assert weights[0].tier == codec.MemoryTier.MappedFile
+        by_tier = {e.tier: e for e in weights}
+        assert sum(e.size_bytes for e in weights) > 50e6 and all(e.shared for e in weights)
+        assert set(by_tier) == ({codec.MemoryTier.MappedFile, codec.MemoryTier.Vram} if on_gpu
+                                else {codec.MemoryTier.MappedFile})
         kv = [e for e in rows if e.owner_kind == codec.MemoryOwnerKind.KvCache]
         mem = srv.models.memory()[SMOL]["engine_memory"]["context"]
         assert sum(e.size_bytes for e in kv) == mem["kv_bytes_total"]
-        ram = {t.tier: t for t in snap.tiers}[codec.MemoryTier.Ram]
-        assert ram.used_bytes >= mem["kv_bytes_total"]
+        tiers = {t.tier: t for t in snap.tiers}
+        if on_gpu:
+            # the rows on the device add up to what LoadModel reported
+            vram = tiers[codec.MemoryTier.Vram]
+            assert vram.used_bytes == first.vram_bytes and vram.total_bytes > 0
+        else:
+            assert tiers[codec.MemoryTier.Ram].used_bytes >= mem["kv_bytes_total"]
         ack = w.request(codec.UnloadModelRequest(request_id=5, model_name=SMOL))
         assert isinstance(ack, codec.Ack) and ack.warning == ""
         assert not srv.models.is_loaded(SMOL)

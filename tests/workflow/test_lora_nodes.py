@@ -100,11 +100,18 @@ def test_quantized_kv_contexts_run_a_turn(w, kv):
     assert text.strip()
 
 
-def test_overrides_and_the_cpu_only_gpu_layers(w):
+def test_overrides_and_gpu_layers(w, server):
     over = codec.ContextOverrides(n_batch=64, n_ubatch=32, n_threads=1, n_gpu_layers=99,
                                   flash_attention=codec.FlashAttention.Disabled)
     _, text, _ = answer(w, gen(context=over))
     assert text.strip()
+    # n_gpu_layers is the model's split, asked for when the agent loads it: it makes no
+    # context of its own, and the agent carries the largest any of its nodes asks for
+    agent_id = create(w, graph(node("a", gen(context=codec.ContextOverrides(n_gpu_layers=7))),
+                               node("b", gen(context=codec.ContextOverrides(n_gpu_layers=3)))))
+    [agent] = [s.agents[agent_id] for s in server.connections if agent_id in s.agents]
+    assert agent.gpu_layers(SMOL) == 7 and agent.gpu_layers("other") is None
+    assert agent.graph.nodes["a"].spec.lane is None
 
 
 def test_nodes_with_the_same_adapters_share_one_context(w, server, loras):

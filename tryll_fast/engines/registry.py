@@ -26,6 +26,8 @@ class EngineSpec:
     roles: frozenset[str]           # catalog roles it implements (engines/roles.py)
     load: Loader
     warm: Callable[[], None]        # initialise the backend ahead of the first load
+    # its loader takes options["placement"] ("ram" / "vram" / "auto", engines/llama/devices.py)
+    placeable: bool = False
 
 
 # prepare(main file, progress(fraction)) -> the file it wrote beside it. Run by the fetcher
@@ -37,6 +39,7 @@ def _load_llama(entry, path: Path, options: Mapping[str, Any]):
     opts = dict(options)
     cap = int(opts.pop("max_n_ctx", DEFAULT_MAX_N_CTX))
     if entry.role == "embedding":
+        # embedding models are small and run between turns: host memory, always
         from tryll_fast.engines.llama.embeddings import Embedder
         return Embedder(str(path), **{k: v for k, v in opts.items() if k == "n_threads"})
     from tryll_fast.engines.llama.engine import LlamaEngine
@@ -97,7 +100,7 @@ def _warm_sherpa() -> None:
 
 ENGINES: dict[str, EngineSpec] = {
     "llama-cpp": EngineSpec("llama-cpp", frozenset({"llm", "embedding"}), _load_llama,
-                            _warm_llama),
+                            _warm_llama, placeable=True),
     "onnxruntime": EngineSpec("onnxruntime", frozenset({"tts"}), _load_onnx_voice,
                               _warm_onnx),
     "faster-whisper": EngineSpec("faster-whisper", frozenset({"stt"}), _load_whisper,
@@ -109,6 +112,11 @@ PREPARE: dict[str, Preparer] = {
     "piper": _prepare_piper,
     "bert-gguf": _prepare_bert_gguf,
 }
+
+
+def placeable() -> frozenset[str]:
+    """Engine names whose loaders honour a placement hint."""
+    return frozenset(name for name, spec in ENGINES.items() if spec.placeable)
 
 
 def loaders() -> dict[str, Loader]:

@@ -35,6 +35,9 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 Code = ErrorCode
 # What the manager loads with: every engine this build runs (engines/registry.py).
 DEFAULT_LOADERS: dict[str, Loader] = registry.loaders()
+_PLACEABLE = registry.placeable()
+# MemoryPlacement's wire values -> the engines' placement names (engines/llama/devices.py)
+PLACEMENT_NAMES = {0: "auto", 1: "ram", 2: "vram"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class LoadResult:
     ram_bytes: int                  # weights + the engine's KV cache (when it reports one)
     pinned: bool
     loaded_dependencies: tuple[str, ...] = ()
+    vram_bytes: int = 0             # the part of both on a GPU device
+    placement: str = "ram"          # where it went: "ram" or "vram"
+    placement_note: str = ""        # why a placement hint was not honoured
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class _Slot:
     load_ms: float = 0.0
     weights_bytes: int = 0
     ram_bytes: int = 0
+    vram_bytes: int = 0
     error: BaseException | None = None
 
     @property
@@ -158,16 +165,20 @@ class ModelManager:
 
     # ----- public API -----
 
-    def lease(self, name: str) -> ModelLease:
-        """Load if needed and hold the model until the lease is released."""
-        obj, _ = self._acquire(name, "leases")
+    def lease(self, name: str, *, placement: str | None = None,
+              n_gpu_layers: int | None = None) -> ModelLease:
+        """Load if needed and hold the model until the lease is released. placement
+        ("auto", "ram", "vram"; None: the engine's default) and n_gpu_layers (None: the
+        engine's default) apply if this call loads it: a loaded model keeps its place."""
+        obj, _ = self._acquire(name, "leases", placement=placement, n_gpu_layers=n_gpu_layers)
         return ModelLease(self, name, obj)
 
-    def load(self, name: str, *, pin: bool = True) -> LoadResult:
+    def load(self, name: str, *, pin: bool = True, placement: str | None = None) -> LoadResult:
         """LoadModelRequest: load (with dependencies) and pin. pin=False only checks that
-        the model loads and reports it: unless something else holds it, it is freed again."""
+        the model loads and reports it: unless something else holds it, it is freed again.
+        placement as for lease()."""
         t0 = time.perf_counter()
-        _, info = self._acquire(name, "pin")
+        _, info = self._acquire(name, "pin", placement=placement)
         slot, fresh, deps = info
         if not pin:
             self._release(name, "pin")
@@ -176,7 +187,8 @@ class ModelManager:
             already_loaded=not fresh,
             load_ms=(time.perf_counter() - t0) * 1000.0 if fresh else 0.0,
             weights_bytes=slot.weights_bytes, ram_bytes=slot.ram_bytes, pinned=pin,
-            loaded_dependencies=deps)
+            loaded_dependencies=deps, vram_bytes=slot.vram_bytes,
+            placement="vram" if slot.vram_bytes else "ram", placement_note=_note(slot.obj))
 
     def unload(self, name: str) -> UnloadResult:
         """UnloadModelRequest: unpin. Freed now if nothing else holds it, else when the last
@@ -300,7 +312,8 @@ class ModelManager:
 
     # ----- reference counting -----
 
-    def _acquire(self, name: str, kind: str, *, as_dependency: bool = False):
+    def _acquire(self, name: str, kind: str, *, as_dependency: bool = False,
+                 placement: str | None = None, n_gpu_layers: int | None = None):
         """Take one reference of `kind` (leases | pin | dependents), loading if needed.
         Returns (obj, (slot, freshly_loaded, loaded_dependencies))."""
         entry = self._check(name, as_dependency=as_dependency)
@@ -333,7 +346,7 @@ class ModelManager:
                 dep_objs[dep] = dep_obj
                 if fresh:
                     fresh_deps.extend(sub + (dep,))
-            obj = self._load_object(entry, dep_objs)
+            obj = self._load_object(entry, dep_objs, placement, n_gpu_layers)
         except BaseException as exc:
             for dep in deps:
                 self._release(dep, "dependents")
@@ -356,7 +369,7 @@ class ModelManager:
         slot.obj = obj
         slot.deps = tuple(deps)
         slot.load_ms = (time.perf_counter() - t0) * 1000.0
-        slot.weights_bytes, slot.ram_bytes = _sizes(obj, entry)
+        slot.weights_bytes, slot.ram_bytes, slot.vram_bytes = _sizes(obj, entry)
         with self._cv:
             slot.state = "ready"
             self._cv.notify_all()
@@ -404,22 +417,36 @@ class ModelManager:
             with self._cv:
                 self._cv.notify_all()
 
-    def _load_object(self, entry: ModelEntry, dependencies: Mapping[str, Any]):
+    def _load_object(self, entry: ModelEntry, dependencies: Mapping[str, Any],
+                     placement: str | None = None, n_gpu_layers: int | None = None):
         """The engine's loader; an entry with dependencies gets their loaded objects as
-        options["dependencies"] (a VAD rides its STT model and the STT engine uses it)."""
+        options["dependencies"] (a VAD rides its STT model and the STT engine uses it), and
+        a placement hint overrides the engine's configured one (options["placement"])."""
         loader = self.loaders[entry.engine]
         options = self.engine_options.get(entry.engine, {})
         if dependencies:
             options = {**options, "dependencies": dict(dependencies)}
+        if entry.engine in _PLACEABLE:
+            if placement is not None and placement != "auto":
+                options = {**options, "placement": placement}
+            if n_gpu_layers is not None:
+                options = {**options, "n_gpu_layers": n_gpu_layers}
         return loader(entry, self.store.path(entry.name), options)
 
 
-def _sizes(obj: Any, entry: ModelEntry) -> tuple[int, int]:
-    """(weights_bytes, ram_bytes): from the engine's model when it says, else file sizes."""
+def _sizes(obj: Any, entry: ModelEntry) -> tuple[int, int, int]:
+    """(weights_bytes, ram_bytes, vram_bytes): from the engine's model when it says, else
+    file sizes. A model on a device has its offloaded layers' weights and KV there."""
     model = getattr(obj, "model", None)
     weights = getattr(model, "weights_bytes", None) or getattr(obj, "weights_bytes", None)
     weights = int(weights) if weights else entry.size_bytes
-    ram = weights
     ctx = getattr(obj, "ctx", None)
     kv = getattr(ctx, "n_ctx", 0) * getattr(model, "kv_bytes_per_cell", 0) if ctx else 0
-    return weights, ram + int(kv)
+    dev_weights = int(getattr(model, "device_weights_bytes", 0) or 0)
+    dev_kv = int(kv * float(getattr(model, "device_layer_share", 0.0) or 0.0))
+    return weights, weights - dev_weights + int(kv) - dev_kv, dev_weights + dev_kv
+
+
+def _note(obj: Any) -> str:
+    placement = getattr(getattr(obj, "model", None), "placement", None)
+    return getattr(placement, "note", "") or ""

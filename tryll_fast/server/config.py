@@ -212,6 +212,15 @@ SETTINGS: tuple[Setting, ...] = (
             "higher gets that prompt its first token sooner", minimum=0),
     Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
             maximum=256),
+    Setting("llama.placement", "str", "auto",
+            "where a language model's layers go when the session's placement hint leaves it "
+            "to the server: auto (a GPU when one has twice the weights' size free, else host "
+            "memory), ram, or vram (a GPU; host memory, with a log line, when there is none or "
+            "it is too full). A CPU build has no GPU: every placement is host memory",
+            choices=("auto", "ram", "vram")),
+    Setting("llama.n_gpu_layers", "int", -1,
+            "layers a GPU placement offloads, counting the output layer (-1 = all)",
+            minimum=-1),
     Setting("llama.kv_spill_dir", "path", None,
             "root of the files evicted KV states are written to: inside it each loaded model "
             "gets its own directory (mode 0700, named by process id), deleted when the model "
@@ -277,6 +286,8 @@ class ServerConfig:
     llama_n_batch: int
     llama_prefill_while_decoding: int
     llama_n_threads: int
+    llama_placement: str
+    llama_n_gpu_layers: int
     llama_kv_spill_dir: Path | None
     voice_chunk_ms: int
     voice_lookahead_ms: int
@@ -321,7 +332,10 @@ class ServerConfig:
                               # for EvictAgentKvCache only: those still go to a file)
                               "evict_to": "host" if self.workflow_kv_evict_tier == "host"
                               else "file",
-                              "spill_dir": self.llama_kv_spill_dir},
+                              "spill_dir": self.llama_kv_spill_dir,
+                              "placement": self.llama_placement,
+                              "n_gpu_layers": (None if self.llama_n_gpu_layers < 0
+                                               else self.llama_n_gpu_layers)},
                 "onnxruntime": {"n_threads": self.voice_n_threads,
                                 "lookahead_s": self.voice_lookahead_ms / 1000.0},
                 "faster-whisper": {"n_threads": self.stt_n_threads}}

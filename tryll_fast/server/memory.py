@@ -7,7 +7,10 @@ Rows (MemoryConsumptionEntry), one per owner and tier:
   rows of a model add up to the KV buffer it allocated;
 - EvictedKvState: conversations moved to host memory by eviction;
 - Other: frames queued for a connection that is not reading fast enough (per session).
-Tiers sum the rows; Ram's total is the machine's physical memory.
+A model on a GPU (docs/configuration.md, "GPU builds and placement") has a Vram Model row for
+its offloaded weights, and each KV row is split between Vram and Ram by the share of layers
+offloaded. Tiers sum the rows; Ram's total is the machine's physical memory, Vram's the
+device's (0 when no model is on one).
 
 Sequence keys are the engine's conversation keys; `describe_key` (set by the workflow
 layer) maps one to (session_id, agent_id, node_name, consumer_class).
@@ -65,16 +68,26 @@ def physical_memory_bytes() -> int:
 def snapshot(server, request_id: int,
              describe_key: Callable[[Any], KeyInfo] = _default_describe):
     entries: list[codec.MemoryConsumptionEntry] = []
+    device_total = 0
     for name, info in server.models.memory().items():
+        mem = info.get("engine_memory") or {}
+        place = mem.get("placement") or {}
+        device_total = max(device_total, int(place.get("device_total_bytes", 0)))
+        on_device = int(place.get("device_weights_bytes", 0))
         entries.append(codec.MemoryConsumptionEntry(
-            owner_kind=Kind.Model, tier=Tier.MappedFile, size_bytes=info["weights_bytes"],
+            owner_kind=Kind.Model, tier=Tier.MappedFile,
+            size_bytes=info["weights_bytes"] - on_device,
             owner_name=name, model_name=name, shared=True))
-        mem = info.get("engine_memory")
+        if on_device:
+            entries.append(codec.MemoryConsumptionEntry(
+                owner_kind=Kind.Model, tier=Tier.Vram, size_bytes=on_device,
+                owner_name=f"{name} on {place['device']}", model_name=name, shared=True))
         if not mem:
             continue
+        share = float(place.get("device_layer_share", 0.0))
         # the engine's own context, then one per lane (LoRA adapters, context overrides)
         for lane_mem in [mem, *mem.get("lanes", ())]:
-            entries.extend(_context_entries(name, lane_mem, describe_key))
+            entries.extend(_on_device(_context_entries(name, lane_mem, describe_key), share))
         for adapter in mem.get("adapters", ()):
             entries.append(codec.MemoryConsumptionEntry(
                 owner_kind=Kind.LoraAdapter, tier=Tier.Ram, size_bytes=adapter["bytes"],
@@ -93,12 +106,34 @@ def snapshot(server, request_id: int,
     tiers = [
         codec.MemoryTierUsage(tier=Tier.Ram, used_bytes=used[Tier.Ram],
                               total_bytes=physical_memory_bytes()),
-        codec.MemoryTierUsage(tier=Tier.Vram, used_bytes=used[Tier.Vram]),
+        codec.MemoryTierUsage(tier=Tier.Vram, used_bytes=used[Tier.Vram],
+                              total_bytes=device_total),
         codec.MemoryTierUsage(tier=Tier.MappedFile, used_bytes=used[Tier.MappedFile]),
     ]
     return codec.GetMemoryConsumptionResponse(
         request_id=request_id, captured_at_ms=int(time.time() * 1000), tiers=tiers,
         entries=entries)
+
+
+def _on_device(entries: list, share: float) -> list:
+    """KV rows of a model with `share` of its layers on a GPU: that share of each row's
+    cells is in device memory (llama.cpp keeps a layer's KV where the layer is)."""
+    if share <= 0:
+        return entries
+    out = []
+    for e in entries:
+        if e.owner_kind != Kind.KvCache:
+            out.append(e)
+            continue
+        dev = round(e.size_bytes * share)
+        fields = {name: getattr(e, name) for name in e.FIELDS}
+        if dev:
+            out.append(codec.MemoryConsumptionEntry(**{**fields, "tier": Tier.Vram,
+                                                       "size_bytes": dev}))
+        if e.size_bytes - dev:
+            out.append(codec.MemoryConsumptionEntry(**{**fields,
+                                                       "size_bytes": e.size_bytes - dev}))
+    return out
 
 
 def _context_entries(name: str, mem: dict, describe_key) -> list:

@@ -463,13 +463,14 @@ class Server:
         with self._lock:
             return self._pin_locks.setdefault(name, threading.Lock())
 
-    def pin_for(self, session: Session | None, name: str):
+    def pin_for(self, session: Session | None, name: str, *, placement: str | None = None):
         """Load and pin `name` for a session (None: the server itself, models.preload).
-        A model stays pinned while any session that pinned it is connected. Returns the
-        manager's LoadResult; ModelManagerError (6002/6007/6008/2001) passes through."""
+        A model stays pinned while any session that pinned it is connected. placement
+        applies if this call loads it. Returns the manager's LoadResult;
+        ModelManagerError (6002/6007/6008/2001) passes through."""
         pinner = SERVER_PIN if session is None else session.id
         with self._pin_lock(name):
-            result = self.models.load(name, pin=True)
+            result = self.models.load(name, pin=True, placement=placement)
             with self._lock:
                 # The session may have disconnected while the model loaded: its teardown
                 # has already released its pins, so this one must not outlive it.

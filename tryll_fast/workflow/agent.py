@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tryll_fast import codec
 from tryll_fast.engines.errors import EngineError
 from tryll_fast.errors import AgentBusy, AgentNotPaused, ErrorCode, TryllError
+from tryll_fast.models.manager import PLACEMENT_NAMES
 from tryll_fast.workflow.dialog import Dialog
 from tryll_fast.workflow.graph import Graph
 from tryll_fast.workflow.projection import Projection
@@ -196,9 +197,24 @@ class Agent:
         context every node with adapters or overrides runs on."""
         for name in sorted(self.model_names()):
             if name not in self.leases:
-                self.leases[name] = self.runtime.models.lease(name)
+                self.leases[name] = self.runtime.models.lease(
+                    name, placement=self.placement_hint(name),
+                    n_gpu_layers=self.gpu_layers(name))
         for node in self.graph.nodes.values():
             self.open_lane(node)
+
+    def placement_hint(self, name: str) -> str | None:
+        """The session's placement hint for model `name` (None: the server decides)."""
+        hints = getattr(self.session, "placement_hints", None) or {}
+        return PLACEMENT_NAMES.get(hints.get(name, 0))
+
+    def gpu_layers(self, name: str) -> int | None:
+        """The most layers any of this agent's nodes on model `name` asks to offload
+        (context.n_gpu_layers; None: none asks)."""
+        asked = [node.spec.n_gpu_layers for node in self.graph.nodes.values()
+                 if getattr(getattr(node, "spec", None), "model", None) == name
+                 and getattr(node.spec, "n_gpu_layers", -1) >= 0]
+        return max(asked) if asked else None
 
     def open_lane(self, node):
         """Blocking (a worker): the ContextSpec `node` runs on, its lane opened on the
@@ -213,7 +229,9 @@ class Agent:
             return held[1]
         lease = self.leases.get(spec.model)
         if lease is None:
-            lease = self.leases[spec.model] = self.runtime.models.lease(spec.model)
+            lease = self.leases[spec.model] = self.runtime.models.lease(
+                spec.model, placement=self.placement_hint(spec.model),
+                n_gpu_layers=self.gpu_layers(spec.model))
         try:
             lease.obj.open_lane(lane)
         except EngineError as exc:

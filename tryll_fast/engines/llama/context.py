@@ -64,6 +64,10 @@ class LlamaContext:
         p.swa_full = True
         p.flash_attn_type = flash_attn_type
         p.no_perf = True
+        if not model.device_name:
+            # host placement in a GPU build: no KV cache or matrix product on the device
+            p.offload_kqv = False
+            p.op_offload = False
         ctx = C.llama_init_from_model(model.handle, p)
         if not ctx:
             raise ModelLoadError(

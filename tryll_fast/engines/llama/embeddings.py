@@ -65,6 +65,10 @@ class Embedder:
             if not os.path.isfile(path):
                 raise EmbeddingError(f"model file not found: {path!r}")
             mparams = C.llama_model_default_params()
+            # host memory in every build: a GPU build's default would offload every layer
+            mparams.n_gpu_layers = 0
+            no_devices = (ctypes.c_void_p * 1)(None)
+            mparams.devices = ctypes.addressof(no_devices)
             handle = C.llama_model_load_from_file(path.encode(), mparams)
             if not handle:
                 raise EmbeddingError(f"llama.cpp could not load {path!r}")
@@ -90,6 +94,8 @@ class Embedder:
             raise EmbeddingError("the model is a reranker (rank pooling), not an embedder")
 
         cp = C.llama_context_default_params()
+        cp.offload_kqv = False
+        cp.op_offload = False
         cp.n_ctx = self.n_batch
         cp.n_batch = self.n_batch
         # One decode = one micro-batch: with llama-cpp-python 0.3.36, a decode that

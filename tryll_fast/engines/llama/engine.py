@@ -51,7 +51,8 @@ class LlamaEngine:
                  n_batch: int = 512, n_threads: int = 2, n_threads_batch: int = 2,
                  prefix_cell_budget: int | None = None, throttle: float = 0.0,
                  flash_attn_type: int = -1, prefill_while_decoding: int = 0,
-                 evict_to: str = "file", spill_dir: str | os.PathLike | None = None):
+                 evict_to: str = "file", spill_dir: str | os.PathLike | None = None,
+                 placement: str | None = None, n_gpu_layers: int | None = None):
         if n_slots < 1 or n_prefix_slots < 0:
             raise InvalidRequest(
                 f"n_slots={n_slots} must be >= 1, n_prefix_slots={n_prefix_slots} >= 0")
@@ -64,7 +65,8 @@ class LlamaEngine:
             # every generating sequence needs its token in each step's batch
             raise InvalidRequest(f"n_batch={n_batch} must be >= n_slots={n_slots}")
         self._owns_model = not isinstance(model, LlamaModel)
-        self.model = LlamaModel(model) if self._owns_model else model
+        self.model = (LlamaModel(model, placement=placement, n_gpu_layers=n_gpu_layers)
+                      if self._owns_model else model)
         # key -> a new Lane with this engine's settings
         self._new_lane = functools.partial(
             Lane, {"n_ctx": n_ctx, "n_batch": n_batch, "n_threads": n_threads,
@@ -286,6 +288,7 @@ class LlamaEngine:
             out["lanes"] = [dict(lane.sched.memory(), lane=lane.describe())
                             for key, lane in self._lanes.items() if not key.is_base]
             out["adapters"] = self.model.adapter_info()
+            out["placement"] = self.model.placement_info()
             return out
         return self._call(run, timeout)
 

@@ -12,6 +12,7 @@ import weakref
 import llama_cpp.llama_cpp as C
 
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest, ModelLoadError
+from tryll_fast.engines.llama import devices
 from tryll_fast.engines.llama.lora_gguf import check_lora_file
 
 _backend_lock = threading.Lock()
@@ -41,17 +42,34 @@ def token_to_piece_address() -> int:
 class LlamaModel:
     """One GGUF file in memory. Use as a context manager or call close()."""
 
-    def __init__(self, path, *, n_gpu_layers: int = 0, use_mmap: bool = True):
+    def __init__(self, path, *, placement: str | None = None, n_gpu_layers: int | None = None,
+                 use_mmap: bool = True):
+        """placement: "ram", "vram" or "auto" (engines/llama/devices.py; None: the
+        TRYLL_LLAMA_PLACEMENT environment variable, else "ram"); n_gpu_layers limits how
+        many layers a device placement offloads (None or -1: all)."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise ModelLoadError(f"model file not found: {path!r}")
+        if placement is None:
+            placement = os.environ.get("TRYLL_LLAMA_PLACEMENT") or "ram"
+        if placement not in devices.PLACEMENTS:
+            raise InvalidRequest(f"placement {placement!r} is not one of "
+                                 f"{', '.join(devices.PLACEMENTS)}")
+        if n_gpu_layers is not None and n_gpu_layers < -1:
+            raise InvalidRequest(f"n_gpu_layers={n_gpu_layers} is below -1 (-1 = all)")
         init_backend()
+        where = devices.choose(placement, os.path.getsize(path), n_gpu_layers)
         params = C.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
+        params.n_gpu_layers = where.n_gpu_layers
+        # NULL-terminated: none at all for host memory (else llama.cpp offers every GPU)
+        self._devices = (ctypes.c_void_p * 2)(
+            where.device.handle if where.device is not None else None, None)
+        params.devices = ctypes.addressof(self._devices)
         params.use_mmap = use_mmap
         model = C.llama_model_load_from_file(path.encode(), params)
         if not model:
             raise ModelLoadError(f"llama.cpp could not load {path!r}")
+        self.placement = where
         self.path = path
         self._model = model
         self._vocab = C.llama_model_get_vocab(model)
@@ -71,6 +89,16 @@ class LlamaModel:
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
         self.architecture = self.meta("general.architecture") or ""
         self.kv_bytes_per_cell = self._kv_bytes_per_cell()
+        # the device's share: weights by llama.cpp's layer split, KV by layers offloaded
+        self.device_name = where.device.name if where.device is not None else ""
+        if where.device is None:
+            self.device_weights_bytes = 0
+            self.device_layer_share = 0.0
+        else:
+            self.device_weights_bytes = devices.device_weight_bytes(
+                path, self.n_layer, where.n_gpu_layers)
+            on = devices.device_layers(self.n_layer, where.n_gpu_layers)
+            self.device_layer_share = len([i for i in on if i < self.n_layer]) / self.n_layer
 
     # -- raw handles, for the context and samplers of this package only --------------------
 
@@ -128,6 +156,16 @@ class LlamaModel:
         k = int(self.meta(f"{self.architecture}.attention.key_length") or head)
         v = int(self.meta(f"{self.architecture}.attention.value_length") or head)
         return self.n_layer * self.n_head_kv * (k + v) * 2
+
+    def placement_info(self) -> dict:
+        """Where the weights went: placement "ram"/"vram", the device, how many of the
+        weights' bytes and what share of the layers (and so of each KV cell) it holds, and
+        why a hint was not honoured (note)."""
+        return {"placement": self.placement.name, "device": self.device_name,
+                "device_weights_bytes": self.device_weights_bytes,
+                "device_layer_share": self.device_layer_share, "note": self.placement.note,
+                "device_total_bytes": (self.placement.device.total_bytes
+                                       if self.placement.device is not None else 0)}
 
     # -- text <-> tokens ------------------------------------------------------------------
 

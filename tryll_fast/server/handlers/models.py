@@ -16,6 +16,7 @@ import time
 from tryll_fast import codec
 from tryll_fast.models import DownloadError, ModelEntry, ModelStatus
 from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
+from tryll_fast.models.manager import PLACEMENT_NAMES
 from tryll_fast.server import memory
 from tryll_fast.server.dispatch import handles
 from tryll_fast.errors import ErrorCode, TryllError
@@ -159,22 +160,33 @@ def load_model(session, req):
     name = req.model_name
     placement = req.placement
     server = session.server
+    if placement not in PLACEMENT_NAMES:
+        raise TryllError(ErrorCode.InvalidEngineSet,
+                         f"LoadModelRequest.placement: {placement} is not a MemoryPlacement "
+                         f"(0..{max(PLACEMENT_NAMES)})")
     if placement == codec.MemoryPlacement.Auto:
         placement = session.placement_hints.get(name, codec.MemoryPlacement.Auto)
 
     def run():
         _entry(server, name)
-        result = server.pin_for(session, name)
+        result = server.pin_for(session, name, placement=PLACEMENT_NAMES[int(placement)])
         log.info("model loaded", extra=fields(
             model=name, session=session.id, already_loaded=result.already_loaded,
             load_ms=round(result.load_ms, 1), ram_bytes=result.ram_bytes,
+            vram_bytes=result.vram_bytes, placement=result.placement,
             requested_placement=int(placement)))
-        # CPU-only build: whatever was asked, the model is in host memory.
+        if result.placement_note:
+            # the hint could not be honoured: the response's placement says where it went
+            log.warning("placement hint not honoured", extra=fields(
+                model=name, session=session.id, requested_placement=int(placement),
+                placement=result.placement, reason=result.placement_note))
         return codec.LoadModelResponse(
             request_id=rid, model_name=name, engine=ENGINE_KINDS[result.engine],
-            already_loaded=result.already_loaded, placement=codec.MemoryPlacement.Ram,
-            load_ms=round(result.load_ms), ram_bytes=result.ram_bytes, vram_bytes=0,
-            loaded_dependencies=list(result.loaded_dependencies))
+            already_loaded=result.already_loaded,
+            placement=(codec.MemoryPlacement.Vram if result.placement == "vram"
+                       else codec.MemoryPlacement.Ram),
+            load_ms=round(result.load_ms), ram_bytes=result.ram_bytes,
+            vram_bytes=result.vram_bytes, loaded_dependencies=list(result.loaded_dependencies))
 
     session.run_blocking(rid, "LoadModelRequest", run)
 

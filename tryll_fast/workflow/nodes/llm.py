@@ -45,6 +45,9 @@ class LlmSpec:
     # the context it runs on: adapters and overrides (None = the engine's own)
     lane: ContextSpec | None = None
     adapters: tuple[tuple[str, float], ...] = ()   # (path, scale) as the graph wrote them
+    # context.n_gpu_layers: layers offloaded if this node's agent loads the model (-1 = the
+    # server's llama.n_gpu_layers); a loaded model keeps its split (one copy of the weights)
+    n_gpu_layers: int = -1
 
     @property
     def max_tokens(self) -> int:
@@ -143,8 +146,8 @@ def compile_lane(name: str, params, spec: LlmSpec, ctx: CompileContext) -> LlmSp
         if over.n_gpu_layers < -1:
             raise ctx.fail(where, f"context.n_gpu_layers {over.n_gpu_layers} is below -1 "
                                   "(-1 = inherit)")
-        # n_gpu_layers: this build runs on the CPU only; accepted and ignored
-        # (docs/configuration.md, "Context overrides")
+        if over.n_gpu_layers >= 0:
+            spec = dataclasses.replace(spec, n_gpu_layers=over.n_gpu_layers)
         if kw.get("kv_type", "f16") in ("q8_0", "q4_0") and kw.get("flash_attn") == 0:
             raise ctx.fail(where, f"context.kv_cache_type {kw['kv_type']} needs flash "
                                   "attention; flash_attention is Disabled")
