@@ -12,6 +12,7 @@
 #                127.0.0.1:9101 (the pipeline: WebSocket /pipeline, Socket.IO, the example agents)
 
 PYTHON ?= python3.11
+LLAMA_BACKEND ?= cpu
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -35,8 +36,7 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 # LLAMA_BACKEND=vulkan or cuda builds llama.cpp with that GPU backend as well, into a wheel
 # cache entry of its own (docs/configuration.md, "GPU builds"); cpu is the default. The
-# venv remembers which one it holds, so switching reinstalls the matching wheel.
-LLAMA_BACKEND ?= cpu
+# venv remembers which one it holds (STAMP), so switching reinstalls the matching wheel.
 ifeq ($(LLAMA_BACKEND),cpu)
 LLAMA_BACKEND_FLAGS :=
 else ifeq ($(LLAMA_BACKEND),vulkan)
