@@ -188,7 +188,7 @@ class ModelManager:
             load_ms=(time.perf_counter() - t0) * 1000.0 if fresh else 0.0,
             weights_bytes=slot.weights_bytes, ram_bytes=slot.ram_bytes, pinned=pin,
             loaded_dependencies=deps, vram_bytes=slot.vram_bytes,
-            placement="vram" if slot.vram_bytes else "ram", placement_note=_note(slot.obj))
+            **_placement(slot.obj))
 
     def unload(self, name: str) -> UnloadResult:
         """UnloadModelRequest: unpin. Freed now if nothing else holds it, else when the last
@@ -447,6 +447,10 @@ def _sizes(obj: Any, entry: ModelEntry) -> tuple[int, int, int]:
     return weights, weights - dev_weights + int(kv) - dev_kv, dev_weights + dev_kv
 
 
-def _note(obj: Any) -> str:
-    placement = getattr(getattr(obj, "model", None), "placement", None)
-    return getattr(placement, "note", "") or ""
+def _placement(obj: Any) -> dict[str, str]:
+    """LoadResult's placement and placement_note, from the engine's model when it has one
+    (engines/llama/devices.Placement); host memory otherwise."""
+    where = getattr(getattr(obj, "model", None), "placement", None)
+    if where is None:
+        return {"placement": "ram", "placement_note": ""}
+    return {"placement": where.name, "placement_note": where.note}

@@ -197,11 +197,15 @@ class Agent:
         context every node with adapters or overrides runs on."""
         for name in sorted(self.model_names()):
             if name not in self.leases:
-                self.leases[name] = self.runtime.models.lease(
-                    name, placement=self.placement_hint(name),
-                    n_gpu_layers=self.gpu_layers(name))
+                self.leases[name] = self._lease(name)
         for node in self.graph.nodes.values():
             self.open_lane(node)
+
+    def _lease(self, name: str):
+        """A lease on model `name`, loaded (if this is the first) where the session's hint
+        and this agent's nodes ask."""
+        return self.runtime.models.lease(name, placement=self.placement_hint(name),
+                                         n_gpu_layers=self.gpu_layers(name))
 
     def placement_hint(self, name: str) -> str | None:
         """The session's placement hint for model `name` (None: the server decides)."""
@@ -229,9 +233,7 @@ class Agent:
             return held[1]
         lease = self.leases.get(spec.model)
         if lease is None:
-            lease = self.leases[spec.model] = self.runtime.models.lease(
-                spec.model, placement=self.placement_hint(spec.model),
-                n_gpu_layers=self.gpu_layers(spec.model))
+            lease = self.leases[spec.model] = self._lease(spec.model)
         try:
             lease.obj.open_lane(lane)
         except EngineError as exc:

@@ -17,6 +17,7 @@ import numpy as np
 from tryll_fast.engines.errors import (
     DecodeError, EngineClosed, InvalidRequest, ModelLoadError,
 )
+from tryll_fast.engines.llama import devices
 from tryll_fast.engines.llama.model import LlamaModel
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: contexts with more sequences are refused
@@ -65,9 +66,7 @@ class LlamaContext:
         p.flash_attn_type = flash_attn_type
         p.no_perf = True
         if not model.device_name:
-            # host placement in a GPU build: no KV cache or matrix product on the device
-            p.offload_kqv = False
-            p.op_offload = False
+            devices.keep_on_host(p)
         ctx = C.llama_init_from_model(model.handle, p)
         if not ctx:
             raise ModelLoadError(

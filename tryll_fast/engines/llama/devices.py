@@ -95,7 +95,7 @@ def choose(placement: str, weights_bytes: int, n_gpu_layers: int | None = None) 
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
     if placement == "ram" or n_gpu_layers == 0:
-        return Placement(None, 0, "")
+        return HOST
     layers = -1 if n_gpu_layers is None else n_gpu_layers
     devices = gpus()
     if not devices:
@@ -110,7 +110,28 @@ def choose(placement: str, weights_bytes: int, n_gpu_layers: int | None = None) 
         return Placement(dev, layers, "")
     if free and weights_bytes <= free * AUTO_HEADROOM:
         return Placement(dev, layers, "")
-    return Placement(None, 0, "")
+    return HOST
+
+
+HOST = Placement(None, 0, "")
+
+
+def apply(model_params, where: Placement):
+    """Set llama_model_params for `where`: its layer count and a NULL-terminated device
+    list, empty for host memory (NULL would let llama.cpp use every GPU). Returns the list,
+    which must stay alive until llama_model_load_from_file returns."""
+    model_params.n_gpu_layers = where.n_gpu_layers
+    listed = (ctypes.c_void_p * 2)(where.device.handle if where.device is not None else None,
+                                   None)
+    model_params.devices = ctypes.addressof(listed)
+    return listed
+
+
+def keep_on_host(context_params) -> None:
+    """A context of a host-placed model in a GPU build: no KV cache and no large matrix
+    product on the device."""
+    context_params.offload_kqv = False
+    context_params.op_offload = False
 
 
 def device_layers(n_layer: int, n_gpu_layers: int) -> range:

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tryll_fast.engines.errors import EngineError
+from tryll_fast.engines.llama import devices
 from tryll_fast.engines.llama.bert_gguf import gguf_path_for
 from tryll_fast.engines.llama.model import init_backend
 
@@ -66,10 +67,9 @@ class Embedder:
                 raise EmbeddingError(f"model file not found: {path!r}")
             mparams = C.llama_model_default_params()
             # host memory in every build: a GPU build's default would offload every layer
-            mparams.n_gpu_layers = 0
-            no_devices = (ctypes.c_void_p * 1)(None)
-            mparams.devices = ctypes.addressof(no_devices)
+            listed = devices.apply(mparams, devices.HOST)
             handle = C.llama_model_load_from_file(path.encode(), mparams)
+            del listed
             if not handle:
                 raise EmbeddingError(f"llama.cpp could not load {path!r}")
             self._owns_model = True
@@ -94,8 +94,7 @@ class Embedder:
             raise EmbeddingError("the model is a reranker (rank pooling), not an embedder")
 
         cp = C.llama_context_default_params()
-        cp.offload_kqv = False
-        cp.op_offload = False
+        devices.keep_on_host(cp)
         cp.n_ctx = self.n_batch
         cp.n_batch = self.n_batch
         # One decode = one micro-batch: with llama-cpp-python 0.3.36, a decode that

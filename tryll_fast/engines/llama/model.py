@@ -60,13 +60,10 @@ class LlamaModel:
         init_backend()
         where = devices.choose(placement, os.path.getsize(path), n_gpu_layers)
         params = C.llama_model_default_params()
-        params.n_gpu_layers = where.n_gpu_layers
-        # NULL-terminated: none at all for host memory (else llama.cpp offers every GPU)
-        self._devices = (ctypes.c_void_p * 2)(
-            where.device.handle if where.device is not None else None, None)
-        params.devices = ctypes.addressof(self._devices)
+        listed = devices.apply(params, where)
         params.use_mmap = use_mmap
         model = C.llama_model_load_from_file(path.encode(), params)
+        del listed
         if not model:
             raise ModelLoadError(f"llama.cpp could not load {path!r}")
         self.placement = where
@@ -90,7 +87,6 @@ class LlamaModel:
         self.architecture = self.meta("general.architecture") or ""
         self.kv_bytes_per_cell = self._kv_bytes_per_cell()
         # the device's share: weights by llama.cpp's layer split, KV by layers offloaded
-        self.device_name = where.device.name if where.device is not None else ""
         if where.device is None:
             self.device_weights_bytes = 0
             self.device_layer_share = 0.0
@@ -117,6 +113,11 @@ class LlamaModel:
     @property
     def closed(self) -> bool:
         return self._model is None
+
+    @property
+    def device_name(self) -> str:
+        """The GPU holding some of the layers ("Vulkan0"); "" in host memory."""
+        return self.placement.device.name if self.placement.device is not None else ""
 
     # -- metadata -------------------------------------------------------------------------
 
