@@ -9,6 +9,8 @@ Gate (python -m benchmarks.gates):
                              median over rounds of one_by_one / batched, the two sides of
                              a round run back to back in alternating order            >= 3
 Reported: ms per record both ways, every round's ratio, tokens per record.
+Reported: SmolLM2's generation (ms a token) alone and beside a live thread that embedded
+records (test_generation_beside_an_embedder).
 
 Why rounds in pairs: with 2 OpenMP threads on 2 cores, a llama_decode slows down many
 times over whenever anything else takes a core (the threads spin-wait on each other), so
@@ -16,6 +18,7 @@ any other process during the run moves both sides of a pair together instead of 
 """
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -73,3 +76,63 @@ def test_embed_batched_vs_one_by_one(benchmark, embedder):
                                                          / N_RECORDS)
     benchmark.extra_info["round_ratios"] = [round(o / b, 3) for o, b in
                                             zip(times["one_by_one"], times["batched"])]
+
+
+def test_generation_beside_an_embedder(benchmark, embedder):
+    """Reported: SmolLM2's greedy generation alone, and while another thread that has
+    embedded records is still alive (as a server's request thread is after building a
+    storage), in alternating pairs. Both sides decode on the compute thread
+    (engines/llama/compute.py); when each thread called llama.cpp itself, the second
+    thread's OpenMP team made libgomp throttle every barrier's spin and generation ran
+    2-4x slower beside an embedder (docs/benchmarks.md, "One compute thread")."""
+    from tryll_fast.engines.llama import LlamaEngine
+
+    records = lore_records(16)
+    tokens = 48
+    engine = LlamaEngine(ensure_model("SmolLM2-135M-Instruct", MODELS_DIR), n_ctx=512,
+                         n_slots=1, n_threads=N_THREADS, n_threads_batch=N_THREADS)
+    prompt = "The baker of Oakvale tells the traveller about the village:"
+
+    def generate() -> float:
+        t0 = time.perf_counter()
+        h = engine.submit(prompt, max_tokens=tokens, ignore_eos=True, temperature=0.0)
+        h.result(600)
+        return time.perf_counter() - t0
+
+    def beside() -> float:
+        done, hold = threading.Event(), threading.Event()
+
+        def worker():
+            embedder.embed(records)
+            done.set()
+            hold.wait()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        done.wait()
+        try:
+            return generate()
+        finally:
+            hold.set()
+            t.join()
+
+    runs = {"alone": generate, "beside_embedder": beside}
+
+    def alternated():
+        times = {side: [] for side in runs}
+        for r in range(PAIRS):
+            for side in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                times[side].append(runs[side]())
+        return times
+
+    try:
+        generate()                                   # warm-up
+        times = benchmark.pedantic(alternated, rounds=1, iterations=1)
+    finally:
+        engine.close()
+    benchmark.group = "generation beside an embedder"
+    benchmark.extra_info.update(suite="embed", case="generation_beside_embedder",
+                                tokens=tokens, threads=N_THREADS, pairs=PAIRS)
+    for side, values in times.items():
+        benchmark.extra_info[f"{side}_rounds_s"] = values
+        benchmark.extra_info[f"{side}_ms_per_token"] = statistics.median(values) * 1e3 / tokens

@@ -148,6 +148,8 @@ def test_gbnf_for_three_tools_compiles_in_llama_cpp(smol_vocab, fmt, parallel):
 def test_constrained_generation_yields_a_parseable_weather_call(smollm2):
     from llama_cpp import Llama, LlamaGrammar
 
+    from tryll_fast.engines.llama import compute
+
     f = ChatFormatter.from_gguf(smollm2)
     ts = ToolSet([TOOLS[0]], formatter=f)
     msgs, template_tools = ts.apply(
@@ -156,9 +158,11 @@ def test_constrained_generation_yields_a_parseable_weather_call(smollm2):
     g = ts.grammar("RequireCall")
     llm = Llama(str(smollm2), n_ctx=1024, n_threads=2, n_threads_batch=2, seed=1,
                 verbose=False)
-    out = llm.create_completion(prompt, max_tokens=48, temperature=0.0,
-                                grammar=LlamaGrammar.from_string(g.gbnf, verbose=False),
-                                stop=list(f.stop_strings))["choices"][0]["text"]
+    # on the compute thread, so this process keeps one OpenMP team (engines/llama/compute.py)
+    out = compute.run(lambda: llm.create_completion(
+        prompt, max_tokens=48, temperature=0.0,
+        grammar=LlamaGrammar.from_string(g.gbnf, verbose=False),
+        stop=list(f.stop_strings)))["choices"][0]["text"]
     res = ts.parse(out)
     assert not res.parse_fallback, (out, res.failure)
     (call,) = res.calls

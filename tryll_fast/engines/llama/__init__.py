@@ -5,7 +5,8 @@ front of every call that could abort the process), the scheduler thread that
 packs all agents into one llama_decode per step, per-request sampler chains,
 the compiled UTF-8/stop-string detokenizer, conversation KV reuse, the shared
 prefix cache, eviction to a file (spill.py) or host memory and restore, memory
-accounting, pooled embeddings (embeddings.py), and where a model's layers go on a GPU
+accounting, pooled embeddings (embeddings.py), the one thread every decode in the process
+runs on (compute.py: one OpenMP team), and where a model's layers go on a GPU
 build (devices.py: placement ram / vram / auto). It implements the LanguageModel and
 Embeddings roles (engines/roles.py); chat templates and tool-call prompting are engine-neutral
 (tryll_fast/prompting).

@@ -7,7 +7,8 @@ paths: batches over n_batch, seq ids outside [0, n_seq_max), positions that do
 not continue the sequence, sampling an index that produced no logits, partial
 copies without a unified KV cache, and any use after close().
 
-Not thread-safe: the scheduler thread is its only user.
+Not thread-safe: the scheduler thread is its only user (its decodes run on the
+compute thread, compute.py, while the scheduler thread waits).
 """
 import ctypes
 
@@ -17,7 +18,7 @@ import numpy as np
 from tryll_fast.engines.errors import (
     DecodeError, EngineClosed, InvalidRequest, ModelLoadError,
 )
-from tryll_fast.engines.llama import devices
+from tryll_fast.engines.llama import compute, devices
 from tryll_fast.engines.llama.model import LlamaModel
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: contexts with more sequences are refused
@@ -179,7 +180,8 @@ class LlamaContext:
             o += n
         self._batch.n_tokens = total
         self._outputs = frozenset()
-        rc = C.llama_decode(ctx, self._batch)  # ctypes releases the GIL for the call
+        # on the process's one compute thread (compute.py); ctypes releases the GIL
+        rc = compute.run(C.llama_decode, ctx, self._batch)
         if rc != 0:
             self._resync(planned)
             raise DecodeError(f"llama_decode returned {rc} for {total} tokens"

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tryll_fast.engines.errors import EngineError
-from tryll_fast.engines.llama import devices
+from tryll_fast.engines.llama import compute, devices
 from tryll_fast.engines.llama.bert_gguf import gguf_path_for
 from tryll_fast.engines.llama.model import init_backend
 
@@ -189,7 +189,7 @@ class Embedder:
                 k += 1
         b.n_tokens = k
         C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
-        rc = C.llama_decode(self._ctx, b)
+        rc = compute.run(C.llama_decode, self._ctx, b)   # one OpenMP team: compute.py
         if rc != 0:
             raise EmbeddingError(f"llama_decode failed ({rc}) on {len(group)} texts")
         for seq, i in enumerate(group):

@@ -4,9 +4,10 @@ Threads: callers (any thread) validate and tokenize their request, then hand
 it over through a short critical section; the scheduler thread alone touches
 the llama_context, the prefix cache and the conversations. Control calls
 (evict, release, memory, status) run on the scheduler thread between steps,
-as commands whose result the caller waits for. llama_decode and sampling are
-ctypes calls, which release the GIL, so callers and the network keep running
-while a step computes.
+as commands whose result the caller waits for. A step's llama_decode is handed to
+the process's compute thread (compute.py) and the scheduler thread waits for it;
+decode and sampling are ctypes calls, which release the GIL, so callers and the
+network keep running while a step computes.
 """
 import concurrent.futures
 import contextlib
