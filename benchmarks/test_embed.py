@@ -44,6 +44,26 @@ def embedder():
     e.close()
 
 
+def timed(fn):
+    """fn as a run for alternated(): it returns its own duration in seconds."""
+    def run() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    return run
+
+
+def alternated(runs) -> dict[str, list[float]]:
+    """PAIRS rounds of every run (each returns the seconds it measured), the sides'
+    order alternating from one pair to the next."""
+    sides = list(runs)
+    times = {side: [] for side in sides}
+    for r in range(PAIRS):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            times[side].append(runs[side]())
+    return times
+
+
 def test_embed_batched_vs_one_by_one(benchmark, embedder):
     records = lore_records(N_RECORDS)
     runs = {
@@ -54,17 +74,9 @@ def test_embed_batched_vs_one_by_one(benchmark, embedder):
     # The same vectors either way (llama.cpp is not bit-identical across batch shapes).
     assert float(np.min(np.sum(out["batched"] * out["one_by_one"], axis=1))) > 0.999
 
-    def alternated():
-        times = {side: [] for side in SIDES}
-        for r in range(PAIRS):
-            for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
-                t0 = time.perf_counter()
-                runs[side]()
-                times[side].append(time.perf_counter() - t0)
-        return times
-
     benchmark.group = "embed 1000 lore records"
-    times = benchmark.pedantic(alternated, rounds=1, iterations=1)
+    times = benchmark.pedantic(alternated, args=({side: timed(runs[side]) for side in SIDES},),
+                               rounds=1, iterations=1)
     tokens = sum(len(embedder.tokenize(t)) for t in records)
     benchmark.extra_info.update(
         suite="embed", case="batch_vs_one_by_one", records=N_RECORDS, tokens=tokens,
@@ -116,18 +128,11 @@ def test_generation_beside_an_embedder(benchmark, embedder):
             hold.set()
             t.join()
 
-    runs = {"alone": generate, "beside_embedder": beside}
-
-    def alternated():
-        times = {side: [] for side in runs}
-        for r in range(PAIRS):
-            for side in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                times[side].append(runs[side]())
-        return times
-
     try:
         generate()                                   # warm-up
-        times = benchmark.pedantic(alternated, rounds=1, iterations=1)
+        times = benchmark.pedantic(alternated, args=({"alone": generate,
+                                                      "beside_embedder": beside},),
+                                   rounds=1, iterations=1)
     finally:
         engine.close()
     benchmark.group = "generation beside an embedder"

@@ -6,6 +6,7 @@ libgomp's workers."""
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -72,7 +73,6 @@ def test_run_returns_raises_and_runs_inline_on_the_compute_thread():
     assert compute.run(lambda a, b: a + b, 2, 3) == 5
     with pytest.raises(ZeroDivisionError):
         compute.run(lambda: 1 / 0)
-    import threading
     assert compute.run(threading.get_ident) == compute.thread_ident() != threading.get_ident()
     # a job that hands itself more work runs it in place instead of waiting on itself
     assert compute.run(lambda: compute.run(threading.get_ident)) == compute.thread_ident()
