@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import logging
 import re
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -122,6 +123,144 @@ def common_prefix_len(a: bytes, b: bytes) -> int:
     return lo
 
 
+class _Pieces:
+    r"""Token ids of prompt pieces, kept per model. A piece runs from just after a special
+    token (or the start of a prompt without BOS) to just after the next one, or to the
+    prompt's end. llama.cpp tokenizes the text between special tokens on its own, so a
+    piece's ids do not depend on what surrounds it, and a prompt is the concatenation of
+    its pieces' ids.
+
+    Why: llama.cpp pays a fixed cost for every stretch of text between two special tokens
+    it tokenizes (for several vocabularies, SmolLM2's among them, it compiles a std::regex
+    per stretch), so the "\n" and "assistant\n" between a chat's role markers cost as much
+    as a sentence. Those pieces recur in every prompt; kept, only the new messages are
+    tokenized. The new pieces are tokenized together in one call, and the call's special
+    tokens must fall exactly where the cuts were made, or the caller tokenizes the text
+    whole.
+
+    Cuts are made only at special tokens seen in earlier prompts (learn()), and only at
+    those that neither swallow the whitespace after them nor overlap the spelling of
+    another special token (llama.cpp matches longer spellings first).
+    """
+
+    LIMIT = 256                # pieces kept; the least recently used leave first
+    MAX_BYTES = 16384          # longer pieces (a long system prompt) are not kept
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.ids: dict[bytes, tuple[int, ...]] = {}
+        self.cut_ids: dict[bytes, int] = {}      # spelling -> special token id
+        self.refused: set[int] = set()
+        self.pattern = None
+        self.lock = threading.Lock()
+
+    def learn(self, tok: int, piece: bytes) -> None:
+        """`tok` (spelled `piece`) was found in a prompt: cut there from now on if safe."""
+        if tok in self.refused or self.cut_ids.get(piece) == tok:
+            return
+        special = self.model.special_tokens
+        if (tok in self.model.rstrip_tokens or piece in self.cut_ids
+                or any(_overlaps(piece, other) for t, other in special.items()
+                       if t != tok and len(other) >= len(piece))):
+            self.refused.add(tok)
+            return
+        with self.lock:
+            self.cut_ids[piece] = tok
+            self.pattern = re.compile(b"|".join(
+                re.escape(p) for p in sorted(self.cut_ids, key=len, reverse=True)))
+
+    def tokenize(self, raw: bytes, start: int, tokenize) -> list[int] | None:
+        """Ids of raw[start:], kept pieces reused; `tokenize(text)` tokenizes new ones.
+        None when llama.cpp did not cut where expected."""
+        pattern = self.pattern
+        if pattern is None:
+            return None
+        pieces = []                               # (start, end, special id at the end or -1)
+        b = start
+        for m in pattern.finditer(raw, start):
+            pieces.append((b, m.end(), self.cut_ids[m.group()]))
+            b = m.end()
+        if b < len(raw):
+            pieces.append((b, len(raw), -1))
+        ids = self.ids
+        found: list = []
+        missing = []
+        with self.lock:
+            for b, e, closing in pieces:
+                key = raw[b:e]
+                got = ids.pop(key, None)
+                if got is not None:
+                    ids[key] = got                # most recently used last
+                else:
+                    missing.append((b, e, closing))
+                found.append(got)
+        if missing:
+            # one call for all of them: each but the last ends with its special token, so
+            # joined they are cut exactly where they are cut in the prompt
+            toks = tokenize(b"".join(raw[b:e] for b, e, _ in missing).decode("utf-8"))
+            parts = self._split(toks, missing)
+            if parts is None:
+                return None
+            self._keep((raw[b:e], part) for (b, e, _), part in zip(missing, parts))
+            new = iter(parts)
+            found = [got if got is not None else next(new) for got in found]
+        out: list[int] = []
+        for part in found:
+            out += part
+        return out
+
+    def remember(self, raw: bytes, ids: list[int], points: list[tuple[int, int]]) -> None:
+        """Keep the pieces of a prompt tokenized whole: `points` are (byte, token)
+        offsets where a piece starts or ends (after special tokens, and the end)."""
+        self._keep((raw[b0:b1], tuple(ids[t0:t1]))
+                   for (b0, t0), (b1, t1) in zip(points, points[1:]) if b1 > b0)
+
+    def _keep(self, pieces) -> None:
+        ids = self.ids
+        with self.lock:
+            for key, part in pieces:
+                if len(key) <= self.MAX_BYTES:
+                    ids[key] = part
+            while len(ids) > self.LIMIT:
+                ids.pop(next(iter(ids)), None)
+
+    def _split(self, toks: list[int], run) -> list[tuple[int, ...]] | None:
+        """`toks` cut after each piece's closing special token; None if they are not
+        where the pieces put them."""
+        cuts = set(self.cut_ids.values())
+        parts = []
+        at = 0
+        for _, _, closing in run:
+            if closing < 0:                       # the prompt's end: no cut token in it
+                rest = toks[at:]
+                if cuts.intersection(rest):
+                    return None
+                parts.append(tuple(rest))
+                at = len(toks)
+                continue
+            k = at
+            while k < len(toks) and toks[k] not in cuts:
+                k += 1
+            if k == len(toks) or toks[k] != closing:
+                return None
+            parts.append(tuple(toks[at:k + 1]))
+            at = k + 1
+        return parts if at == len(toks) else None
+
+
+def _overlaps(a: bytes, b: bytes) -> bool:
+    """Whether an occurrence of `a` can share bytes with an occurrence of `b`."""
+    if a in b:
+        return True
+    for k in range(1, len(a)):
+        if b.startswith(a[k:]) or b.endswith(a[:k]):
+            return True
+    return False
+
+
+_PIECES: "weakref.WeakKeyDictionary[object, _Pieces]" = weakref.WeakKeyDictionary()
+
+
 class PromptTokenizer:
     """Tokenizes successive prompts of one conversation, re-using the previous prompt's
     tokens up to the last special token the two prompts share.
@@ -130,21 +269,32 @@ class PromptTokenizer:
     <end_of_turn>, …) and tokenizes the pieces between them on their own, so the tokens of
     a text that ends right after a special token do not depend on what follows. A new
     turn's prompt repeats the previous one up to its last message, so only the new tail is
-    tokenized: the cost of a turn stays flat instead of growing with the dialog. Anything
-    unexpected (a special token whose text is not found where it should be) turns the
-    reuse off for this conversation, and every prompt is tokenized whole.
+    tokenized: the cost of a turn stays flat instead of growing with the dialog. Within
+    the tail, pieces between special tokens that earlier prompts had (the text between
+    role markers) are taken from the model's `_Pieces`. Anything unexpected (a special
+    token whose text is not found where it should be) turns the reuse off for this
+    conversation, and every prompt is tokenized whole.
     """
 
     def __init__(self, engine, add_bos: bool) -> None:
         self.engine = engine
         self.add_bos = add_bos
-        self.special = engine.model.special_tokens
-        self.bos = engine.model.bos
+        model = engine.model
+        self.special = model.special_tokens
+        self.rstrip = model.rstrip_tokens
+        self.bos = model.bos
         self.enabled = True
+        pieces = _PIECES.get(model)
+        if pieces is None:
+            pieces = _PIECES[model] = _Pieces(model)
+        self._pieces = pieces
         self._raw = b""
         self._ids: list[int] = []
         self._bound_bytes: list[int] = []   # byte offset just after each special token
         self._bound_toks: list[int] = []    # token count at that offset
+
+    def _tokenize_piece(self, text: str) -> list[int]:
+        return self.engine.tokenize(text, add_special=False, parse_special=True)
 
     def tokenize(self, text: str) -> list[int]:
         raw = text.encode("utf-8")
@@ -156,9 +306,15 @@ class PromptTokenizer:
             keep = bisect.bisect_right(self._bound_bytes, shared)
         start_byte = self._bound_bytes[keep - 1] if keep else 0
         start_tok = self._bound_toks[keep - 1] if keep else 0
-        tail = self.engine.tokenize(raw[start_byte:].decode("utf-8"),
-                                    add_special=self.add_bos and start_byte == 0,
-                                    parse_special=True)
+        tail = None
+        pieces_from = start_byte or not self.add_bos     # not from a BOS it adds itself
+        if pieces_from:
+            tail = self._pieces.tokenize(raw, start_byte, self._tokenize_piece)
+        whole = tail is None
+        if whole:
+            tail = self.engine.tokenize(raw[start_byte:].decode("utf-8"),
+                                        add_special=self.add_bos and start_byte == 0,
+                                        parse_special=True)
         ids = self._ids[:start_tok] + tail
         bound_bytes = self._bound_bytes[:keep]
         bound_toks = self._bound_toks[:keep]
@@ -177,8 +333,16 @@ class PromptTokenizer:
                 return self.engine.tokenize(text, add_special=self.add_bos,
                                             parse_special=True)
             pos = found + len(piece)
+            if tok in self.rstrip:
+                continue                     # it ate the whitespace after it: no cut here
             bound_bytes.append(pos)
             bound_toks.append(start_tok + k + 1)
+            self._pieces.learn(tok, piece)
+        if whole:
+            points = list(zip(bound_bytes[keep:], bound_toks[keep:]))
+            if pieces_from:
+                points.insert(0, (start_byte, start_tok))
+            self._pieces.remember(raw, ids, points + [(len(raw), len(ids))])
         self._raw, self._ids = raw, ids
         self._bound_bytes, self._bound_toks = bound_bytes, bound_toks
         return list(ids)

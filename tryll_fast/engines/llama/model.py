@@ -238,7 +238,7 @@ class LlamaModel:
         if cached is None:
             vocab = self.vocab_handle
             mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
-            cached, control = {}, set()
+            cached, control, rstrip = {}, set(), set()
             for t in range(self.n_vocab):
                 attr = C.llama_vocab_get_attr(vocab, t)
                 if attr & mask:
@@ -247,8 +247,11 @@ class LlamaModel:
                         cached[t] = bytes(text)
                         if attr & C.LLAMA_TOKEN_ATTR_CONTROL:
                             control.add(t)
+                        if attr & C.LLAMA_TOKEN_ATTR_RSTRIP:
+                            rstrip.add(t)
             self._special_tokens = cached
             self._control_tokens = frozenset(control)
+            self._rstrip_tokens = frozenset(rstrip)
         return cached
 
     @property
@@ -257,6 +260,13 @@ class LlamaModel:
         a player must not be able to type into a prompt."""
         _ = self.special_tokens
         return self._control_tokens
+
+    @property
+    def rstrip_tokens(self) -> frozenset[int]:
+        """The special tokens that swallow the whitespace after them when text is tokenized
+        (the text that follows one is not tokenized as if it stood alone)."""
+        _ = self.special_tokens
+        return self._rstrip_tokens
 
     def check_tokens(self, tokens) -> None:
         """Raise unless every id is in [0, n_vocab): llama_decode rejects others."""
