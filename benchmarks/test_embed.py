@@ -24,6 +24,7 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.pairs import alternated, timed
 from benchmarks.retrieval_set import lore_records
 from tryll_fast.engines.llama.embeddings import Embedder
 from tryll_fast.models import ensure_model
@@ -44,26 +45,6 @@ def embedder():
     e.close()
 
 
-def timed(fn):
-    """fn as a run for alternated(): it returns its own duration in seconds."""
-    def run() -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    return run
-
-
-def alternated(runs) -> dict[str, list[float]]:
-    """PAIRS rounds of every run (each returns the seconds it measured), the sides'
-    order alternating from one pair to the next."""
-    sides = list(runs)
-    times = {side: [] for side in sides}
-    for r in range(PAIRS):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            times[side].append(runs[side]())
-    return times
-
-
 def test_embed_batched_vs_one_by_one(benchmark, embedder):
     records = lore_records(N_RECORDS)
     runs = {
@@ -75,7 +56,8 @@ def test_embed_batched_vs_one_by_one(benchmark, embedder):
     assert float(np.min(np.sum(out["batched"] * out["one_by_one"], axis=1))) > 0.999
 
     benchmark.group = "embed 1000 lore records"
-    times = benchmark.pedantic(alternated, args=({side: timed(runs[side]) for side in SIDES},),
+    times = benchmark.pedantic(alternated,
+                               args=({side: timed(runs[side]) for side in SIDES}, PAIRS),
                                rounds=1, iterations=1)
     tokens = sum(len(embedder.tokenize(t)) for t in records)
     benchmark.extra_info.update(
@@ -131,7 +113,7 @@ def test_generation_beside_an_embedder(benchmark, embedder):
     try:
         generate()                                   # warm-up
         times = benchmark.pedantic(alternated, args=({"alone": generate,
-                                                      "beside_embedder": beside},),
+                                                      "beside_embedder": beside}, PAIRS),
                                    rounds=1, iterations=1)
     finally:
         engine.close()

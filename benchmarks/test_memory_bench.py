@@ -14,6 +14,7 @@ embedding and the search), and the store's size. The 10 000-record file is writt
 server's storage root with the encoder SaveGameMemory uses (knowledge/mutable.py), so the
 run embeds the records only in the loads it measures.
 """
+import functools
 import os
 import statistics
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.pairs import alternated
 from benchmarks.transport_load import Client, ServerProcess
 from tryll_fast import codec
 from tryll_fast.knowledge import mutable
@@ -103,17 +105,15 @@ def test_game_memory_load_lazy_vs_now(benchmark, server):
     def load(timing):
         return codec.LoadGameMemoryRequest(request_id=5, save_id="bench", embed_timing=timing)
 
-    def alternated():
-        times = {side: [] for side in SIDES}
-        for r in range(PAIRS):
-            for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
-                timing = codec.EmbedTiming.Lazy if side == "lazy" else codec.EmbedTiming.Now
-                seconds, reply = _timed(c, load(timing))
-                assert reply.store_count == 1
-                times[side].append(seconds)
-        return times
+    def load_round(timing) -> float:
+        seconds, reply = _timed(c, load(timing))
+        assert reply.store_count == 1
+        return seconds
 
-    times = benchmark.pedantic(alternated, rounds=1, iterations=1)
+    runs = {"now": functools.partial(load_round, codec.EmbedTiming.Now),
+            "lazy": functools.partial(load_round, codec.EmbedTiming.Lazy)}
+    assert tuple(runs) == SIDES
+    times = benchmark.pedantic(alternated, args=(runs, PAIRS), rounds=1, iterations=1)
     if PAIRS % 2 == 1:                  # the last load was Lazy: make the store resident
         _request(c, load(codec.EmbedTiming.Now))
     stats = _request(c, codec.MutableKbStatsRequest(request_id=6, store_name="memory"))

@@ -28,11 +28,13 @@ each), the cross-thread p99, and the cross-thread latency of ours with direct se
 (impl ours_eventfd: every frame goes through the reactor's queue and eventfd wake-up).
 Latencies come from time stamps at the two ends, CLOCK_MONOTONIC in the producer before it
 sends and in the client when recv() returns, never from either server's own counters."""
+import functools
 import statistics
 import time
 
 import pytest
 
+from benchmarks.pairs import alternated
 from benchmarks.transport_load import (
     ServerProcess, connect, cross_thread_latency, debug_stream, percentiles, pipelined_round,
     round_trips,
@@ -55,16 +57,6 @@ def servers():
     yield procs
     for proc in procs.values():
         proc.close()
-
-
-def alternated(run, rounds: int) -> dict[str, list[float]]:
-    """`rounds` timings of run(impl) per implementation, in the order ours, uvloop,
-    uvloop, ours, ... (each pair starts with the other side)."""
-    times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
-    for r in range(rounds):
-        for impl in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
-            times[impl].append(run(impl))
-    return times
 
 
 def _record(benchmark, case: str, times: dict[str, list[float]], work: int, unit: str):
@@ -93,7 +85,9 @@ def test_rps_64_connections(benchmark, servers):
             return time.perf_counter() - t0
 
         benchmark.group = "transport rps (64 connections, pipelined)"
-        times = benchmark.pedantic(alternated, args=(run, PAIRS), rounds=1, iterations=1)
+        times = benchmark.pedantic(
+            alternated, args=({impl: functools.partial(run, impl) for impl in IMPLS}, PAIRS),
+            rounds=1, iterations=1)
         _record(benchmark, "rps_64conn", times, N_CONN * PER_CONN, "rps")
     finally:
         for cs in clients.values():
@@ -113,7 +107,9 @@ def test_stream_100k_frames(benchmark, servers):
             return elapsed
 
         benchmark.group = "transport stream (100 000 AnswerText frames)"
-        times = benchmark.pedantic(alternated, args=(run, PAIRS), rounds=1, iterations=1)
+        times = benchmark.pedantic(
+            alternated, args=({impl: functools.partial(run, impl) for impl in IMPLS}, PAIRS),
+            rounds=1, iterations=1)
         _record(benchmark, "stream_100k", times, STREAM_FRAMES, "fps")
     finally:
         for c in clients.values():

@@ -91,3 +91,11 @@ def test_a_paired_ratio_is_the_median_of_the_pairs():
     assert gate.measure(swapped) == pytest.approx((1 / 2 + 1 / 3) / 2)
     data["benchmarks"][0]["extra_info"]["b_s"] = [1.0, 1.0]
     assert math.isnan(gate.measure(data))           # unpaired rounds are no measurement
+
+
+def test_rounds_alternate_their_order_from_pair_to_pair():
+    from benchmarks.pairs import alternated
+    order = []
+    runs = {side: (lambda side=side: order.append(side) or 0.5) for side in ("a", "b")}
+    assert alternated(runs, 3) == {"a": [0.5] * 3, "b": [0.5] * 3}
+    assert order == ["a", "b", "b", "a", "a", "b"]
