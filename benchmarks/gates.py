@@ -185,8 +185,8 @@ GATES = [
           _codec("decode", "ours"), 20.0, by="msg"),
     Ratio("codec_encode_vs_flatbuffers", _codec("encode", "flatbuffers"),
           _codec("encode", "ours"), 20.0, by="msg"),
-    # Thresholds below the spread of the fair baseline (both sides on the compute thread)
-    # on an idle machine: 2.24-2.85 and 1.38-2.48 over six runs (docs/benchmarks.md).
+    # Thresholds below the spread of the fair baseline (both sides on the compute thread):
+    # 2.24-2.85 and 1.38-2.48 over five runs (docs/benchmarks.md).
     Ratio("engine_batched_vs_serialised", _engine("serialised"), _engine("batched"), 2.0),
     Ratio("engine_batched_vs_prompt_cache", _engine("prompt_cache"), _engine("batched"), 1.2),
     Ratio("engine_evict_restore_vs_reprefill", _engine("evict_reprefill"),
