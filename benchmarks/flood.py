@@ -166,11 +166,11 @@ def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn,
 
 
 def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 40,
-        seed: int = 1, out=sys.stdout) -> dict:
+        seed: int = 1, out=sys.stdout, settings: tuple[str, ...] = ()) -> dict:
     from benchmarks.transport_load import ServerProcess
     from tryll_fast.models import ensure_model
     ensure_model(soak.SMOL, soak.MODELS_DIR)
-    server = ServerProcess("reactor", models_dir=soak.MODELS_DIR, settings=soak.SETTINGS)
+    server = ServerProcess("reactor", models_dir=soak.MODELS_DIR, settings=(*soak.SETTINGS, *settings))
     pid, port = server.proc.pid, server.port
     rng = random.Random(seed)
     problems: list[str] = []
@@ -229,7 +229,8 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
     print(f"resident memory: idle {before['rss_mb']:.1f} MB (no session), "
           f"{loaded['rss_mb']:.1f} MB (the healthy session's model loaded), flood peak "
           f"{sampler.peak_mb:.1f} MB, after {after['rss_mb']:.1f} MB (no session)", file=out)
-    print(f"deepest lane queue: {cap_seen} (cap {QUEUE_CAP})", file=out)
+    print(f"deepest lane queue: {cap_seen} (cap {QUEUE_CAP}); lanes paced "
+          f"{after['lanes_paced']} times, {after['lanes_paced_s']:.1f} s in all", file=out)
     for name, ft, turn in (
             ("idle", report["first_token_idle_ms"], report["turn_idle_ms"]),
             ("during the flood", report["first_token_flood_ms"], report["turn_flood_ms"])):
@@ -247,8 +248,11 @@ def main(argv=None) -> int:
     parser.add_argument("--peak-bound-mb", type=float, default=200)
     parser.add_argument("--margin-mb", type=float, default=40)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a server setting (e.g. session.lane_cpu_share=0)")
     args = parser.parse_args(argv)
-    report = run(args.frames, args.peak_bound_mb, args.margin_mb, args.seed)
+    report = run(args.frames, args.peak_bound_mb, args.margin_mb, args.seed,
+                 settings=tuple(args.set))
     return 1 if report["problems"] else 0
 
 

@@ -309,7 +309,8 @@ def probe(pid: int, port: int) -> dict:
             "threads": int(status["Threads"]), "thread_names": stats["python_threads"],
             "kv_cells": cells, "conversations": convs,
             "models": len(stats["models_loaded"]), "sessions": stats["sessions"],
-            "operations": stats["operations"], "lane_high_water": stats["lane_high_water"]}
+            "operations": stats["operations"], "lane_high_water": stats["lane_high_water"],
+            "lanes_paced": stats["lanes_paced"], "lanes_paced_s": stats["lanes_paced_s"]}
 
 
 def settle(pid: int, port: int, seconds: float = 30) -> dict:

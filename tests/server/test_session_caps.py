@@ -4,6 +4,8 @@ accepted is lost. No model needed."""
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from tryll_fast import codec
 from tryll_fast.errors import ErrorCode
@@ -45,3 +47,91 @@ def test_requests_queued_behind_the_lane_are_capped_and_none_accepted_is_lost(tm
     finally:
         release.set()
         srv.shutdown(10)
+
+
+# ---- the lane's CPU share ----
+
+def _burn(cpu_s: float) -> None:
+    """Spend `cpu_s` seconds of this thread's CPU (the lane charges thread time)."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+def _run_lane(contended: bool, jobs: int, cpu_s: float, share: float, burst_s: float):
+    from tryll_fast.server.session import SerialLane
+    done: list[int] = []
+    finished = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        lane = SerialLane(pool, cpu_share=share, cpu_burst_s=burst_s,
+                          contended=lambda: contended)
+        t0 = time.monotonic()
+        for i in range(jobs):
+            def job(i=i):
+                _burn(cpu_s)
+                done.append(i)
+                if i == 1:
+                    raise RuntimeError("a failing job does not stop the lane")
+                if len(done) == jobs:
+                    finished.set()
+            lane.submit(job)
+        assert finished.wait(60)
+        wall = time.monotonic() - t0
+    return lane, done, wall
+
+
+def test_a_lane_past_its_burst_waits_for_its_share_while_another_session_plays():
+    jobs, cpu_s, share, burst_s = 12, 0.02, 0.5, 0.02
+    lane, done, wall = _run_lane(True, jobs, cpu_s, share, burst_s)
+    assert done == list(range(jobs))                       # in order, none lost
+    assert lane.paced >= 3 and lane.paced_s > 0
+    # the bucket's bound: CPU used <= burst + share x elapsed, whatever the machine's speed
+    assert wall >= (jobs * cpu_s - burst_s) / share * 0.95, (wall, lane.paced)
+    assert len(lane) == 0
+
+
+def test_a_lane_nobody_else_waits_for_is_never_paced():
+    lane, done, wall = _run_lane(False, 12, 0.02, 0.5, 0.02)
+    assert done == list(range(12)) and lane.paced == 0 and lane.paced_s == 0
+
+
+def test_the_server_paces_a_busy_lane_only_while_another_session_streams(tmp_path):
+    srv = start_server(tmp_path, overrides=["session.lane_cpu_share=0.05",
+                                            "session.lane_cpu_burst_ms=1"])
+    strings = [f"line {i} of a storage big enough to cost the lane some CPU"
+               for i in range(4000)]
+
+    def storages(w, prefix: str, n: int) -> None:
+        rids = [w.rid() for _ in range(n)]
+        w.send_raw(b"".join(codec.encode(codec.CreateStringStorageRequest(
+            request_id=rid, name=f"{prefix}{rid}", strings=strings)) for rid in rids))
+        replies = [w.recv() for _ in rids]
+        assert [r.request_id for r in replies] == rids
+        assert all(isinstance(r, codec.CreateStringStorageResponse) for r in replies), replies
+
+    try:
+        with Wire(srv.address) as busy:
+            busy.create_session()
+            storages(busy, "alone", 40)
+            assert srv.stats()["lanes_paced"] == 0           # no one else was playing
+            with Wire(srv.address, rcvbuf=4096) as player:
+                player.create_session()
+                # a stream the player does not read: it stays running, paused
+                player.send(codec.DebugCommandRequest(request_id=player.rid(),
+                                                      command="stream",
+                                                      args=["1000000", "t" * 64]))
+                deadline = time.monotonic() + 10
+                while not srv.turns_elsewhere(busy_session(srv, busy)):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                storages(busy, "beside", 40)
+                stats = srv.stats()
+                assert stats["lanes_paced"] >= 1 and stats["lanes_paced_s"] > 0
+    finally:
+        srv.shutdown(10)
+
+
+def busy_session(srv, w):
+    """The server's Session of the connection `w` (the only other one is the player's)."""
+    port = w.sock.getsockname()[1]
+    return next(s for s in list(srv.connections) if s.conn.peer.endswith(f":{port}"))

@@ -181,6 +181,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("session.max_queued_requests", "int", 1024,
             "requests one session may have waiting behind its lane (CreateAgent, LoadModel, "
             "CreateVoiceInput...); one more: 2008, the connection stays", minimum=1),
+    Setting("session.lane_cpu_share", "float", 0.25,
+            "while another session has a turn running, the share of one core a session's "
+            "lane (CreateAgent, LoadModel, memory requests...) may use once its burst is "
+            "spent; its next request then waits (0 = never paced)", minimum=0.0,
+            maximum=1.0),
+    Setting("session.lane_cpu_burst_ms", "int", 1000,
+            "CPU time a session's lane may use at once before session.lane_cpu_share "
+            "paces it (refilled at that share)", minimum=1),
     Setting("session.max_voice_inputs", "int", 64,
             "voice inputs one session may hold at once (CreateVoiceInput beyond it: 2008)",
             minimum=1),
@@ -276,6 +284,8 @@ class ServerConfig:
     models_preload: tuple[str, ...]
     workflow_max_steps_per_turn: int
     session_max_queued_requests: int
+    session_lane_cpu_share: float
+    session_lane_cpu_burst_ms: int
     session_max_voice_inputs: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int

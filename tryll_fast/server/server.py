@@ -52,6 +52,8 @@ SERVER_PIN = 0
 # to flush their last frames.
 CANCEL_GRACE_S = 5.0
 CLOSE_GRACE_S = 3.0
+# Operations a player waits on: while another session has one, a session's lane is paced.
+_PLAYING = frozenset({"turn", "stream"})
 
 
 class ThrottleBoard:
@@ -139,6 +141,8 @@ class Server:
         self.front_doors: list[Any] = []            # other transports (the pipeline gateway)
         self.teardowns = 0                          # sessions fully torn down
         self.lane_high_water = 0                    # of closed sessions' lanes (dev stats)
+        self.lanes_paced = [0, 0.0]                 # of closed sessions' lanes: times, seconds
+        self._playing: dict[Session, int] = {}     # sessions with turns or streams running
         self._trim_queued = False                   # a heap trim waits for a worker
 
     # ---- lifecycle ----
@@ -295,6 +299,8 @@ class Server:
             self.connections.discard(session)
             self.sessions.pop(session.id, None)
             self.lane_high_water = max(self.lane_high_water, session.lane.high_water)
+            self.lanes_paced[0] += session.lane.paced
+            self.lanes_paced[1] += session.lane.paced_s
             ops = list(session.operations)
             pins = list(session.pins)
             agents = list(session.agents.values())
@@ -413,11 +419,27 @@ class Server:
     def _operation_started(self, op: Operation) -> None:
         with self._lock:
             self._operations.add(op)
+            if op.kind in _PLAYING:
+                self._playing[op.session] = self._playing.get(op.session, 0) + 1
 
     def _operation_finished(self, op: Operation) -> None:
         with self._lock:
+            if op in self._operations and op.kind in _PLAYING:
+                left = self._playing.get(op.session, 0) - 1
+                if left > 0:
+                    self._playing[op.session] = left
+                else:
+                    self._playing.pop(op.session, None)
             self._operations.discard(op)
             self._idle.notify_all()
+
+    def turns_elsewhere(self, session: Session) -> bool:
+        """Whether a session other than `session` has a turn or a stream running (its
+        lane is then paced: docs/configuration.md, "Bounded work per session")."""
+        if self.shutting_down:
+            return False
+        playing = self._playing           # read without the lock: a hint, not a decision
+        return len(playing) > (1 if session in playing else 0)
 
     @property
     def operation_count(self) -> int:
@@ -541,11 +563,14 @@ class Server:
             connections = len(self.connections)
             lane_high_water = max([self.lane_high_water,
                                    *(s.lane.high_water for s in self.connections)])
+            paced = [self.lanes_paced[0] + sum(s.lane.paced for s in self.connections),
+                     self.lanes_paced[1] + sum(s.lane.paced_s for s in self.connections)]
             pins = {k: sorted(v) for k, v in self._pins.items()}
         return {
             "connections": connections, "sessions": sessions, "teardowns": self.teardowns,
             "operations": len(ops), "operation_kinds": sorted({k for k, _, _ in ops}),
             "lane_high_water": lane_high_water,
+            "lanes_paced": paced[0], "lanes_paced_s": round(paced[1], 3),
             "python_threads": sorted(t.name for t in threading.enumerate()),
             "pins": pins, "throttle": self.throttle.effective,
             "shutting_down": self.shutting_down,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tryll_fast import codec
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from tryll_fast.server.server import Server
 
 log = logging.getLogger("tryll_fast.server.session")
+
+# A lane is paced only once it owes this much CPU: a timer for every small job would cost
+# more than the pacing saves.
+PACE_MIN_DEBT_S = 0.01
 
 
 class Operation:
@@ -74,14 +79,30 @@ class SerialLane:
 
     So LoadModel then UnloadModel from one client happen in that order, while other
     sessions' requests run in parallel on the other pool threads.
+
+    Pacing: the CPU its jobs take on their pool thread is charged to a bucket of
+    `cpu_burst_s` refilled at `cpu_share` of a core. When the bucket is in debt and
+    `contended()` says another session has a turn running, the next job waits until the
+    debt is repaid (at most cpu_burst_s / cpu_share), on a timer, with the pool thread given
+    back; a job is never interrupted. A client looping on requests then takes at most that
+    share from the cores the other sessions' turns run on (docs/configuration.md, "Bounded
+    work per session").
     """
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool, *, cpu_share: float = 0.0, cpu_burst_s: float = 1.0,
+                 contended: Callable[[], bool] = lambda: False) -> None:
         self._pool = pool
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
         self._lock = threading.Lock()
         self._running = False
         self.high_water = 0             # the most jobs ever waiting at once (dev stats)
+        self._share = cpu_share
+        self._burst = cpu_burst_s
+        self._credit = cpu_burst_s      # CPU seconds it may still use before it is paced
+        self._refilled_at = time.monotonic()
+        self._contended = contended
+        self.paced = 0                  # times a job waited for the lane's share (dev stats)
+        self.paced_s = 0.0              # and the seconds it was made to wait in all
 
     def __len__(self) -> int:
         """Jobs waiting (not the one running)."""
@@ -104,10 +125,41 @@ class SerialLane:
                     self._running = False
                     return
                 job = self._queue.popleft()
+            started = time.thread_time()
             try:
                 job()
             except Exception:
                 log.exception("session lane job failed")
+            if self._share <= 0.0:
+                continue
+            wait = self._charge(time.thread_time() - started)
+            if wait > 0.0 and self._contended():
+                with self._lock:
+                    if not self._queue:
+                        self._running = False
+                        return
+                self.paced += 1
+                self.paced_s += wait
+                timer = threading.Timer(wait, self._resume)
+                timer.daemon = True
+                timer.start()
+                return
+
+    def _charge(self, used: float) -> float:
+        """Charge `used` CPU seconds; how long the next job should wait (0: none)."""
+        now = time.monotonic()
+        credit = min(self._burst, self._credit + (now - self._refilled_at) * self._share)
+        self._credit = max(-max(self._burst, PACE_MIN_DEBT_S), credit - used)
+        self._refilled_at = now
+        if self._credit > -PACE_MIN_DEBT_S:
+            return 0.0
+        return -self._credit / self._share
+
+    def _resume(self) -> None:
+        try:
+            self._pool.submit(self._drain)
+        except RuntimeError:            # the pool is shut down: finish the queue here
+            self._drain()
 
 
 class Session:
@@ -138,7 +190,10 @@ class Session:
         self._lock = threading.Lock()
         # callback -> how many registrations want it (one engine serves many turns)
         self._resume_callbacks: dict[Callable[[], None], int] = {}
-        self.lane = SerialLane(server.workers)
+        self.lane = SerialLane(
+            server.workers, cpu_share=server.config.session_lane_cpu_share,
+            cpu_burst_s=server.config.session_lane_cpu_burst_ms / 1000.0,
+            contended=lambda: not self.closed and server.turns_elsewhere(self))
         self._routes = server.routes
 
     @property
