@@ -218,6 +218,10 @@ SETTINGS: tuple[Setting, ...] = (
             "prompt tokens a decode step may carry while other conversations are streaming "
             "(0 = n_batch): lower keeps running streams smooth when a long prompt arrives, "
             "higher gets that prompt its first token sooner", minimum=0),
+    Setting("llama.context_shift", "bool", True,
+            "when a dialog's oldest turns leave the window, keep the KV of the turns that "
+            "stay (their cells moved down, as llama.cpp's server shifts a context) instead "
+            "of decoding them again; false: exact, the prompt decoded again from the cut"),
     Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
             maximum=256),
     Setting("llama.placement", "str", "auto",
@@ -295,6 +299,7 @@ class ServerConfig:
     llama_n_slots: int
     llama_n_batch: int
     llama_prefill_while_decoding: int
+    llama_context_shift: bool
     llama_n_threads: int
     llama_placement: str
     llama_n_gpu_layers: int
@@ -338,6 +343,7 @@ class ServerConfig:
                               "n_batch": self.llama_n_batch, "n_threads": self.llama_n_threads,
                               "n_threads_batch": self.llama_n_threads,
                               "prefill_while_decoding": self.llama_prefill_while_decoding,
+                              "context_shift": self.llama_context_shift,
                               # the slot table's own evictions follow the tier ("free" is
                               # for EvictAgentKvCache only: those still go to a file)
                               "evict_to": "host" if self.workflow_kv_evict_tier == "host"

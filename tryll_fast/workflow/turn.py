@@ -526,7 +526,8 @@ class Turn:
                 "total": round(st.total_s * 1000, 3),
             },
             "tokens": {"generated": st.tokens_generated, "cached": st.cached_tokens,
-                       "shared_prefix": st.prefix_tokens, "prefilled": st.prefilled_tokens},
+                       "shared_prefix": st.prefix_tokens, "prefilled": st.prefilled_tokens,
+                       "shifted": st.shifted_tokens},
             "finish_reason": handle.finish_reason,
         }
         if stream is not None:

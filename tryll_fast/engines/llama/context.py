@@ -77,6 +77,9 @@ class LlamaContext:
         model._contexts.add(self)
         self._mem = C.llama_get_memory(ctx)
         self.kv_unified = kv_unified
+        # whether cached cells can move to other positions (RoPE re-applied by llama.cpp on
+        # the next decode): what a context shift needs
+        self.can_shift = bool(C.llama_memory_can_shift(self._mem))
         self.n_ctx = C.llama_n_ctx(ctx)
         # with a unified cache every sequence may use the whole context
         self.n_ctx_seq = C.llama_n_ctx_seq(ctx)
@@ -270,6 +273,25 @@ class LlamaContext:
             raise DecodeError(f"llama.cpp could not remove positions >= {keep} of seq {seq_id}")
         # the logits of the last decode stay valid: other sequences still sample from them
         self._next_pos[seq_id] = keep
+
+    def seq_cut(self, seq_id: int, start: int, end: int) -> bool:
+        """Drop the sequence's positions [start, end) and move the later ones down by
+        end - start (a context shift); False, changing nothing, when the cache cannot move
+        cells. The cells moved must not be shared with another sequence: llama.cpp moves a
+        cell for every sequence that holds it."""
+        self.check_seq(seq_id)
+        if not 0 <= start < end <= self._next_pos[seq_id]:
+            raise InvalidRequest(f"seq_cut [{start}, {end}) of seq {seq_id}, which holds "
+                                 f"{self._next_pos[seq_id]} tokens")
+        self._live()
+        if not self.can_shift:
+            return False
+        if not C.llama_memory_seq_rm(self._mem, seq_id, start, end):
+            raise DecodeError(f"llama.cpp could not remove positions [{start}, {end}) of "
+                              f"seq {seq_id}")
+        C.llama_memory_seq_add(self._mem, seq_id, end, -1, start - end)
+        self._next_pos[seq_id] -= end - start
+        return True
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         """Make dst (empty) hold src's first n tokens; shares the cells when kv_unified."""

@@ -175,6 +175,15 @@ class SlotTable:
             if keep == 0:
                 self._unshare(conv)
 
+    def cut(self, conv: Conversation, start: int, end: int) -> bool:
+        """Drop the conversation's tokens [start, end) and move the later ones down (a
+        context shift); False, changing nothing, when the cache cannot move cells. Only
+        past its shared prefix: shared cells would move for every sequence holding them."""
+        if start < conv.shared_len or not self.ctx.seq_cut(conv.seq_id, start, end):
+            return False
+        del conv.tokens[start:end]
+        return True
+
     def attach(self, conv: Conversation, entry: PrefixEntry, n: int, tokens) -> None:
         """Replace whatever conv holds with the entry's first n cells."""
         self.truncate(conv, 0)

@@ -45,7 +45,8 @@ class LlamaEngine:
     The KV cache has n_ctx cells shared by all of them. A step carries at most
     n_batch tokens; while sequences are generating, prompts get at most
     prefill_while_decoding of them (0 = no cap), so a new long prompt cannot stall the
-    streams already running.
+    streams already running. context_shift keeps a conversation's KV past a stretch its
+    next prompt leaves out (scheduler.py's module doc).
     """
 
     def __init__(self, model, *, n_ctx: int = 4096, n_slots: int = 8, n_prefix_slots: int = 2,
@@ -53,7 +54,8 @@ class LlamaEngine:
                  prefix_cell_budget: int | None = None, throttle: float = 0.0,
                  flash_attn_type: int = -1, prefill_while_decoding: int = 0,
                  evict_to: str = "file", spill_dir: str | os.PathLike | None = None,
-                 placement: str | None = None, n_gpu_layers: int | None = None):
+                 placement: str | None = None, n_gpu_layers: int | None = None,
+                 context_shift: bool = True):
         if n_slots < 1 or n_prefix_slots < 0:
             raise InvalidRequest(
                 f"n_slots={n_slots} must be >= 1, n_prefix_slots={n_prefix_slots} >= 0")
@@ -89,6 +91,7 @@ class LlamaEngine:
         self.ctx = base.ctx
         self._sched = base.sched
         self._sched.prefill_while_decoding = prefill_while_decoding
+        self._sched.context_shift = bool(context_shift)
         self._piece_fn = model_mod.token_to_piece_address()
         self._ids = itertools.count(1)
         self._cv = threading.Condition()
@@ -317,6 +320,7 @@ class LlamaEngine:
                 lane = self._new_lane(key)
                 lane.sched.throttle = self._sched.throttle
                 lane.sched.prefill_while_decoding = self._sched.prefill_while_decoding
+                lane.sched.context_shift = self._sched.context_shift
                 self._lanes[key] = lane
                 log.info("llama lane opened: %s on %s", key.describe(),
                          os.path.basename(self.model.path))

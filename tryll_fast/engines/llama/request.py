@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 class RequestStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0      # reused from the conversation's own KV (longest common prefix)
+    shifted_tokens: int = 0     # cells a context shift dropped (older turns that left the window)
     prefix_tokens: int = 0      # attached from the shared prefix cache
     prefilled_tokens: int = 0   # prompt tokens this request actually decoded
     tokens_generated: int = 0

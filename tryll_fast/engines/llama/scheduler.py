@@ -16,11 +16,19 @@ request waits for its first token (a summary being prepared must not delay the
 reply a player waits for), and its chunks are capped by prefill_while_decoding,
 so an Interactive request arriving meanwhile waits for a short step at most.
 
+A request whose prompt leaves out a stretch of its conversation's tokens (the dialog's
+oldest turns left the window) keeps the rest of its KV: the stretch's cells are removed
+and the later ones moved down (a context shift, when the cache can move cells and
+`context_shift` is on), so only what is new is decoded. The moved cells were computed
+with the dropped turns before them, as llama.cpp's own server does on a shift; with
+context_shift off the prompt is decoded again from the cut.
+
 This object is owned by the engine's scheduler thread; nothing here locks.
 """
 import collections
 import itertools
 import time
+from array import array
 
 from tryll_fast.engines.llama.context import LlamaContext
 from tryll_fast.engines.llama.conversations import Conversation, SlotTable
@@ -38,6 +46,44 @@ def common_prefix_len(a, b) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# A context shift is worth it only when this many of the old tokens line up again.
+CUT_MIN_KEEP = 16
+
+
+def find_cut(old, new, start: int) -> tuple[int, int]:
+    """Where `old` (a conversation's tokens) continues `new` (its next prompt) once the
+    tokens old[start:end] are cut out, as when a dialog's oldest turns leave the window:
+    (end, n) with old[end:end + n] == new[start:start + n], n the longest such run (at
+    least CUT_MIN_KEEP tokens; the first end with it), or (0, 0) when there is none."""
+    if len(old) - start <= CUT_MIN_KEEP or len(new) - start < CUT_MIN_KEEP:
+        return 0, 0
+    ob = array("i", old).tobytes()
+    nb = array("i", new[start:]).tobytes()
+    needle = nb[:4 * CUT_MIN_KEEP]
+    best = (0, 0)
+    at = ob.find(needle, 4 * (start + 1))
+    while at >= 0:
+        if at % 4 == 0:
+            n = _common_bytes(ob, at, nb) // 4
+            if n > best[1]:
+                best = (at // 4, n)
+        at = ob.find(needle, at + 1)
+    return best
+
+
+def _common_bytes(a: bytes, at: int, b: bytes) -> int:
+    """Length of the common prefix of a[at:] and b, in bytes (bisected slice compares, so
+    memcmp does the work)."""
+    lo, hi = 0, min(len(a) - at, len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[at:at + mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class Request:
@@ -92,6 +138,7 @@ class Scheduler:
         self.throttle = 0.0
         # prompt tokens a step may carry while sequences are generating (0 = n_batch)
         self.prefill_while_decoding = 0
+        self.context_shift = True     # keep the KV after a cut in the prompt (module doc)
         self._order = itertools.count()
         self.steps = 0
         self.step_tokens = 0
@@ -165,6 +212,11 @@ class Scheduler:
         # a generating request must decode at least its last prompt token to get logits
         limit = len(prompt) - 1 if r.generates else len(prompt)
         own = min(common_prefix_len(conv.tokens, prompt), limit)
+        if self.context_shift and own < len(conv.tokens) and own >= conv.shared_len:
+            end, n = find_cut(conv.tokens, prompt, own)
+            if n and self.slots.cut(conv, own, end):
+                st.shifted_tokens = end - own
+                own = min(own + n, limit)
         shared, entry = self.cache.lookup(prompt) if self.cache.entries else (0, None)
         shared = min(shared, limit)
         if entry is not None and shared > own:
