@@ -97,3 +97,36 @@ def test_turns_leaving_the_window_keep_the_kv_of_the_turns_that_stay(engine):
     h3 = engine.submit(second, key=key, max_tokens=1)
     h3.result(60)
     assert h3.stats.cached_tokens == len(second) - 1 and h3.stats.shifted_tokens == 0
+
+
+@pytest.mark.model
+def test_a_conversation_cut_and_not_yet_decoded_is_not_saved_with_unrotated_keys(
+        smollm2_model, tmp_path):
+    """llama.cpp rotates moved keys at the next decode; a state saved before it would hold
+    them unrotated at their new positions, so such a conversation is dropped instead."""
+    from tryll_fast.engines.llama import LlamaContext
+    from tryll_fast.engines.llama.conversations import SlotTable
+    from tryll_fast.engines.llama.prefix_cache import PrefixCache
+    from tryll_fast.engines.llama.spill import SpillDir
+    ctx = LlamaContext(smollm2_model, n_ctx=512, n_seq_max=3, n_batch=128)
+    try:
+        slots = SlotTable(ctx, PrefixCache(ctx, [2], 64), [0, 1], SpillDir(tmp_path), "host")
+        tokens = list(range(1000, 1100))
+        for key in ("cut", "decoded"):
+            conv = slots.get_or_create(key)
+            assert slots.acquire(conv)
+            ctx.decode([(conv.seq_id, tokens, False)])
+            conv.tokens = list(tokens)
+        cut, decoded = slots.get("cut"), slots.get("decoded")
+        assert slots.cut(cut, 10, 40) and len(cut.tokens) == 70
+        slots.evict(cut)                     # before any decode: not savable
+        assert cut.tokens == [] and cut.saved is None
+        assert slots.acquire(cut)
+        assert slots.cut(decoded, 10, 40)
+        ctx.decode([(decoded.seq_id, [5], False)])
+        decoded.tokens.append(5)
+        slots.shifted.clear()                # what the scheduler does after each decode
+        slots.evict(decoded)                 # rotated: saved as usual
+        assert decoded.saved is not None and len(decoded.tokens) == 71
+    finally:
+        ctx.close()

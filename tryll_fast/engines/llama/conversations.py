@@ -69,6 +69,9 @@ class SlotTable:
         self.tier = tier
         self.free = list(reversed(seq_ids))
         self.convs: dict[object, Conversation] = {}
+        # cut since the last decode: llama.cpp rotates moved keys at the next decode, and a
+        # saved state would keep them unrotated at their new positions
+        self.shifted: set[Conversation] = set()
 
     def get(self, key) -> Conversation | None:
         return self.convs.get(key)
@@ -123,8 +126,8 @@ class SlotTable:
             raise EngineError(f"conversation {conv.key!r} is busy; cancel its request first")
         if not conv.resident:
             return
-        if not conv.tokens or conv.anonymous:
-            conv.tokens = []
+        if not conv.tokens or conv.anonymous or conv in self.shifted:
+            conv.tokens = []          # nothing worth keeping, or not savable: re-prefill
         elif tier == "host":
             conv.saved = self.ctx.state_seq_get(conv.seq_id)
         else:
@@ -161,6 +164,7 @@ class SlotTable:
         self.spill.close()
 
     def _drop_kv(self, conv: Conversation) -> None:
+        self.shifted.discard(conv)
         self.ctx.seq_rm(conv.seq_id, 0)
         self.free.append(conv.seq_id)
         conv.seq_id = None
@@ -182,6 +186,7 @@ class SlotTable:
         if start < conv.shared_len or not self.ctx.seq_cut(conv.seq_id, start, end):
             return False
         del conv.tokens[start:end]
+        self.shifted.add(conv)
         return True
 
     def attach(self, conv: Conversation, entry: PrefixEntry, n: int, tokens) -> None:

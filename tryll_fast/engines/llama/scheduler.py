@@ -216,7 +216,9 @@ class Scheduler:
             end, n = find_cut(conv.tokens, prompt, own)
             if n and self.slots.cut(conv, own, end):
                 st.shifted_tokens = end - own
-                own = min(own + n, limit)
+                # llama.cpp rotates the moved keys at the next decode, and a sequence's
+                # saved state does not carry a pending shift: decode at least one token
+                own = min(own + n, limit, len(prompt) - 1)
         shared, entry = self.cache.lookup(prompt) if self.cache.entries else (0, None)
         shared = min(shared, limit)
         if entry is not None and shared > own:
@@ -295,6 +297,8 @@ class Scheduler:
             return True  # retry with room next step
         self.steps += 1
         self.step_tokens += sum(len(t) for _, t, _ in entries)
+        if self.slots.shifted:
+            self.slots.shifted.clear()    # the decode rotated every moved key
         now = time.perf_counter()
         for (r, n), i in zip(plan, idx):
             conv = r.conv
