@@ -1,6 +1,8 @@
 """Context shift: a prompt that leaves out a stretch of its conversation (the dialog's oldest
 turns left the window) keeps the KV of what follows the stretch, moved down, and decodes
 only what is new; with context_shift off it decodes again from the cut."""
+import random
+
 import pytest
 
 from tryll_fast.engines.llama import LlamaEngine
@@ -29,6 +31,21 @@ def test_find_cut_takes_the_longest_run_when_the_dialog_repeats_itself():
     new = head + turn + list(range(300, 330)) + [8]
     # the first copy lines up for 20 tokens, the second for 50: the second is taken
     assert find_cut(old, new, 3) == (3 + 20 + 20, 50)
+
+
+def test_common_prefix_len_agrees_with_a_plain_loop():
+    rng = random.Random(7)
+
+    def plain(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    for _ in range(5000):
+        a = [rng.randint(0, 3) for _ in range(rng.randint(0, 60))]
+        b = a[:rng.randint(0, len(a))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 5))]
+        assert common_prefix_len(a, b) == plain(a, b) == common_prefix_len(b, a)
 
 
 @pytest.fixture(params=[True, False], ids=["shift", "no-shift"])

