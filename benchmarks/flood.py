@@ -170,7 +170,8 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
     from benchmarks.transport_load import ServerProcess
     from tryll_fast.models import ensure_model
     ensure_model(soak.SMOL, soak.MODELS_DIR)
-    server = ServerProcess("reactor", models_dir=soak.MODELS_DIR, settings=(*soak.SETTINGS, *settings))
+    server = ServerProcess("reactor", models_dir=soak.MODELS_DIR,
+                           settings=(*soak.SETTINGS, *settings))
     pid, port = server.proc.pid, server.port
     rng = random.Random(seed)
     problems: list[str] = []
