@@ -3,7 +3,8 @@
 Threads (docs/architecture.md has the picture):
 - the reactor thread (`tryll-reactor`) owns every socket and runs the dispatch of each
   frame; handlers there only touch memory;
-- the worker pool (`tryll-worker-N`) runs blocking requests, one lane per session;
+- the worker pool (`tryll-worker-N`, every thread started with the server) runs blocking
+  requests, one lane per session;
 - the download pool (`tryll-download-N`) runs model downloads;
 - each loaded language model has its scheduler thread (engines/llama);
 - the main thread of `tryll-fast serve` waits for SIGINT/SIGTERM and runs `shutdown()`.
@@ -56,6 +57,17 @@ CLOSE_GRACE_S = 3.0
 _PLAYING = frozenset({"turn", "stream"})
 
 
+
+def _start_every_thread(pool: ThreadPoolExecutor, n: int) -> None:
+    """Start all n threads of `pool` now. ThreadPoolExecutor starts one per submit that
+    finds none idle, as load first needs it, so the thread count kept rising long after
+    start-up (a session lane resumed from a timer, a teardown beside a turn): a process
+    whose size must return to its idle one after load then had no fixed idle size."""
+    barrier = threading.Barrier(n)
+    for future in [pool.submit(barrier.wait, 30) for _ in range(n)]:
+        future.result()
+
+
 class ThrottleBoard:
     """SetInferenceThrottle bookkeeping: the server-wide value is the maximum over the
     sessions that reported one; a session's value leaves with it."""
@@ -106,6 +118,7 @@ class Server:
         self.routes = build_table()
         self.workers = ThreadPoolExecutor(config.workers_threads,
                                           thread_name_prefix="tryll-worker")
+        _start_every_thread(self.workers, config.workers_threads)
         self.downloads = ThreadPoolExecutor(config.workers_max_downloads,
                                             thread_name_prefix="tryll-download")
         self.throttle = ThrottleBoard(self._apply_throttle)
