@@ -7,8 +7,12 @@ taking its frames. Beside it a healthy session streams real turns with SmolLM2.
 
 Measured from outside the server process: its resident memory (sampled every 20 ms: the
 peak), the deepest queue of requests behind any session's lane (the dev-mode stats), the
-healthy session's first-token time before and during the flood, and the footprint once the
-flood and the healthy session closed, against the same after a warm-up flood. The peak is
+healthy session's first-token time before, during and after the flood, and the footprint
+once the flood and the healthy session closed, against the same after a warm-up flood. The
+healthy dialog grows during the flood, and a longer dialog costs more per turn with or
+without one: "after" is five turns on the grown dialog with the flood gone, and the control
+(on by default here, off in the test suite) is as many turns as the flood saw on a new
+dialog with no flood, so its medians differ from the flood's by the flood alone. The peak is
 taken against the idle size with the healthy session's model loaded (its weights are
 mapped into the process while it has an agent), the return against the idle size with
 no session at all.
@@ -166,7 +170,8 @@ def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn,
 
 
 def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 40,
-        seed: int = 1, out=sys.stdout, settings: tuple[str, ...] = ()) -> dict:
+        seed: int = 1, out=sys.stdout, settings: tuple[str, ...] = (),
+        control: bool = False) -> dict:
     from benchmarks.transport_load import ServerProcess
     from tryll_fast.models import ensure_model
     ensure_model(soak.SMOL, soak.MODELS_DIR)
@@ -179,6 +184,10 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
     flood_ft: list[float] = []
     idle_turn: list[float] = []
     flood_turn: list[float] = []
+    after_ft: list[float] = []
+    after_turn: list[float] = []
+    control_ft: list[float] = []
+    control_turn: list[float] = []
     try:
         # warm-up: the same as below, shorter, then everything closed, so the baseline has
         # the model's pages and the thread pools at their working size
@@ -196,7 +205,20 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
         with Sampler(pid) as sampler:
             got = flood_beside_turns(port, frames, rng, c, agent, flood_ft, flood_turn,
                                      problems)
+        # the same turns once the flooding session is gone, on the dialog the flood's turns
+        # grew: what a turn of that length costs on an idle server
+        quiet_by = time.monotonic() + 30
+        while soak.probe(pid, port)["sessions"] > 2 and time.monotonic() < quiet_by:
+            time.sleep(0.1)
+        soak.timed_turns(c, agent, after_ft, after_turn, problems, count=5)
         c.close()
+        if control:
+            # as many turns as the flood saw, on a new dialog and no flood: the same
+            # dialog lengths, so the medians compare the flood's effect and nothing else
+            c = soak.Conn(port)
+            soak.timed_turns(c, c.agent(max_tokens=16), control_ft, control_turn, problems,
+                             count=len(flood_ft))
+            c.close()
         after = soak.settle(pid, port)
     finally:
         server.close()
@@ -223,7 +245,11 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
               "lane_high_water": cap_seen, "first_token_idle_ms": soak.spread_ms(idle_ft),
               "first_token_flood_ms": soak.spread_ms(flood_ft),
               "turn_idle_ms": soak.spread_ms(idle_turn),
-              "turn_flood_ms": soak.spread_ms(flood_turn), "problems": problems}
+              "turn_flood_ms": soak.spread_ms(flood_turn),
+              "first_token_after_ms": soak.spread_ms(after_ft),
+              "turn_after_ms": soak.spread_ms(after_turn),
+              "first_token_control_ms": soak.spread_ms(control_ft),
+              "turn_control_ms": soak.spread_ms(control_turn), "problems": problems}
     print(f"flood: {got['frames']} frames in {got['seconds']:.1f} s "
           f"({got['frames'] / got['seconds']:.0f}/s), {got['replies']} replies read in "
           f"{got['reads']} reads", file=out)
@@ -234,7 +260,11 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
           f"{after['lanes_paced']} times, {after['lanes_paced_s']:.1f} s in all", file=out)
     for name, ft, turn in (
             ("idle", report["first_token_idle_ms"], report["turn_idle_ms"]),
-            ("during the flood", report["first_token_flood_ms"], report["turn_flood_ms"])):
+            ("during the flood", report["first_token_flood_ms"], report["turn_flood_ms"]),
+            ("idle again, on the dialog the flood's turns grew", report["first_token_after_ms"],
+             report["turn_after_ms"]),
+            ("with no flood, as many on a new dialog", report["first_token_control_ms"],
+             report["turn_control_ms"])):
         if ft:
             print(f"healthy turns {name}: first token median {ft['median']:.0f} ms, "
                   f"max {ft['max']:.0f} ms; whole turn (16 tokens) median "
@@ -249,11 +279,13 @@ def main(argv=None) -> int:
     parser.add_argument("--peak-bound-mb", type=float, default=200)
     parser.add_argument("--margin-mb", type=float, default=40)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="skip the control: as many healthy turns again, with no flood")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a server setting (e.g. session.lane_cpu_share=0)")
     args = parser.parse_args(argv)
     report = run(args.frames, args.peak_bound_mb, args.margin_mb, args.seed,
-                 settings=tuple(args.set))
+                 settings=tuple(args.set), control=args.control)
     return 1 if report["problems"] else 0
 
 
