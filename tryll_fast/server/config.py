@@ -181,7 +181,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("session.max_queued_requests", "int", 1024,
             "requests one session may have waiting behind its lane (CreateAgent, LoadModel, "
             "CreateVoiceInput...); one more: 2008, the connection stays", minimum=1),
-    Setting("session.lane_cpu_share", "float", 0.25,
+    Setting("session.lane_cpu_share", "float", 0.1,
             "while another session has a turn running, the share of one core a session's "
             "lane (CreateAgent, LoadModel, memory requests...) may use once its burst is "
             "spent; its next request then waits (0 = never paced)", minimum=0.0,
