@@ -42,7 +42,22 @@ LLAMA_BACKEND_FLAGS :=
 else ifeq ($(LLAMA_BACKEND),vulkan)
 LLAMA_BACKEND_FLAGS := -DGGML_VULKAN=on
 else ifeq ($(LLAMA_BACKEND),cuda)
-LLAMA_BACKEND_FLAGS := -DGGML_CUDA=on
+# nvcc from a system toolkit (CUDA_HOME). A toolkit of major version 13 may come without
+# cuBLAS, and a player's machine has neither it nor the CUDA runtime: both come from
+# NVIDIA's PyPI wheels, installed into the venv before the build, linked against, and
+# loaded from there at run time (tryll_fast/engines/llama/_nvidia_libs.py). No VMM: the
+# build then needs no libcuda.so to link, and loads where no NVIDIA driver is (llama.cpp
+# finds no CUDA device and runs on the CPU). CUDA_ARCHITECTURES: the GPUs of this machine
+# when nvidia-smi lists one, else PTX for Turing and newer plus RTX 30 and 40 code.
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCHITECTURES ?= $(if $(shell nvidia-smi -L 2>/dev/null),native,75-virtual;86-real;89-real)
+NVIDIA_WHEELS := nvidia-cuda-runtime==13.5.37 nvidia-cublas==13.10.0.20
+NVIDIA_LIB := $(VENV)/lib/python3.11/site-packages/nvidia/cu13
+LLAMA_BACKEND_FLAGS := -DGGML_CUDA=on -DGGML_CUDA_NO_VMM=ON \
+	-DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES) \
+	-DCUDA_cublas_LIBRARY=$(abspath $(NVIDIA_LIB))/lib/libcublas.so.13 \
+	-DCUDA_cublasLt_LIBRARY=$(abspath $(NVIDIA_LIB))/lib/libcublasLt.so.13 \
+	-DCMAKE_CUDA_FLAGS=-I$(abspath $(NVIDIA_LIB))/include
 else
 $(error LLAMA_BACKEND must be cpu, vulkan or cuda, not '$(LLAMA_BACKEND)')
 endif
@@ -87,6 +102,7 @@ $(LLAMA_WHEEL): | $(PY)
 	tar -xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src
 	$(if $(filter vulkan,$(LLAMA_BACKEND)),$(PY) tools/llama_vulkan_compat.py \
 		$(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION))
+	$(if $(NVIDIA_WHEELS),$(PIP) install --quiet $(NVIDIA_WHEELS))
 	CMAKE_ARGS='$(LLAMA_BACKEND_FLAGS) -DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)"' \
 		CMAKE_BUILD_PARALLEL_LEVEL=2 \
 		$(PIP) wheel --quiet --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
@@ -132,6 +148,7 @@ $(STAMP): $(PY) $(SOURCES) $(LLAMA_WHEEL) $(USEARCH_HEADERS)
 	rm -f $(VENV)/.installed*
 	$(PIP) install --quiet --force-reinstall --no-deps --no-index --find-links $(LLAMA_WHEELS) \
 		llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(if $(NVIDIA_WHEELS),$(PIP) install --quiet $(NVIDIA_WHEELS))
 	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) -e '.[test]'
 	touch $(STAMP)
 

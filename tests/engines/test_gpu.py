@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tryll_fast.engines.llama import LlamaEngine, LlamaModel, devices
+from tryll_fast.engines.llama import LlamaEngine, LlamaModel, _nvidia_libs, devices
 from tryll_fast.engines.llama.model import init_backend
 
 from engine_prompts import chatml
@@ -18,6 +18,28 @@ GPUS = devices.gpus()
 needs_gpu = pytest.mark.skipif(
     not GPUS, reason="no GPU device in this llama.cpp build or machine (make test-gpu runs "
                      "these on the Vulkan build with lavapipe)")
+
+
+CUDA_BUILD = "CUDA" in devices.backends()
+
+
+@pytest.mark.skipif(not CUDA_BUILD, reason="not a CUDA build (make install LLAMA_BACKEND=cuda)")
+def test_a_cuda_build_runs_on_the_venvs_nvidia_libraries():
+    # loaded before llama_cpp by the package; loading them again finds the same files
+    loaded = _nvidia_libs.preload()
+    assert [p.rsplit("/", 1)[1] for p in loaded] == [
+        "libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"]
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    for path in loaded:                     # the copies in the venv, not a system toolkit's
+        assert path in maps, path
+
+
+@pytest.mark.skipif(CUDA_BUILD, reason="a CUDA build loads them")
+def test_other_builds_load_no_nvidia_library():
+    assert _nvidia_libs.preload() == []
+    with open("/proc/self/maps") as f:
+        assert "libcublas" not in f.read()
 
 
 def test_device_layers_follow_llamacpps_split():

@@ -18,6 +18,11 @@ Embeddings roles (engines/roles.py); chat templates and tool-call prompting are 
             ...
         h.stats.tokens_generated, h.finish_reason
 """
+from tryll_fast.engines.llama import _nvidia_libs
+
+_nvidia_libs.preload()      # before the first import of llama_cpp: a CUDA build needs them
+# ruff: noqa: E402
+
 from tryll_fast.engines.llama.context import LlamaContext
 from tryll_fast.engines.llama.engine import LlamaEngine
 from tryll_fast.engines.errors import (

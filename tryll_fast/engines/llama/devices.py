@@ -66,8 +66,23 @@ def _ggml():
         lib.ggml_backend_dev_memory.argtypes = [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
         lib.ggml_backend_dev_memory.restype = None
+        lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+        lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
         _lib = lib
     return _lib
+
+
+def backends() -> list[str]:
+    """The backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA"...), whether
+    or not they found a device."""
+    from tryll_fast.engines.llama.model import init_backend
+    init_backend()
+    lib = _ggml()
+    return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+            for i in range(lib.ggml_backend_reg_count())]
 
 
 def gpus() -> list[Device]:
