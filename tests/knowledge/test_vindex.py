@@ -37,15 +37,23 @@ def truth(x, q, k, allow=None):
 def test_nearest_neighbours_match_brute_force(data):
     x, index = data
     assert len(index) == 3000 and index.dim == 64
-    rng = np.random.default_rng(9)
+    # HNSW is approximate, and a graph built by two threads differs run to run: over 30
+    # builds at most 3 of the 3000 rows were missing from their own top 10 (mean 0.7), so
+    # more than 6 is a broken graph rather than bad luck.
+    exact = np.argsort(1.0 - x @ x.T, axis=1, kind="stable")[:, :10]
+    lost = 0
     recall = 0.0
-    for i in rng.integers(0, 3000, 40):
+    for i in range(3000):
         keys, dist = index.search(x[i], 10)
-        assert keys[0] == i and dist[0] == pytest.approx(0.0, abs=1e-5)
-        assert np.all(np.diff(dist) >= -1e-6)                    # best first
+        assert len(keys) == 10 and np.all(np.diff(dist) >= -1e-6)        # best first
         np.testing.assert_allclose(dist, 1.0 - x[keys] @ x[i], atol=1e-5)
-        recall += len(set(keys.tolist()) & set(truth(x, x[i], 10))) / 10
-    assert recall / 40 >= 0.95
+        if keys[0] == i:
+            assert dist[0] == pytest.approx(0.0, abs=1e-5)
+        else:
+            lost += 1
+        recall += len(set(keys.tolist()) & set(exact[i].tolist())) / 10
+    assert lost <= 6
+    assert recall / 3000 >= 0.95
 
 
 def test_a_selective_filter_still_fills_top_k(data):
