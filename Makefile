@@ -1,6 +1,7 @@
 # tryll_fast developer entry points. Everything runs inside .venv (Python 3.11).
 #   make test    install (builds the Cython extensions), run the tests, list the slowest
 #   make test-gpu  the Vulkan build on a software device: placement and a part of the engine
+#   make test-cuda  the CUDA build: the same tests, on an NVIDIA device or the CPU fallback
 #   LLAMA_BACKEND=vulkan|cuda  (with install/serve/test) a GPU build of llama.cpp; cpu default
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
@@ -79,7 +80,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test test-gpu bench bench-backends soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
+.PHONY: test test-gpu test-cuda bench bench-backends soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -175,6 +176,16 @@ test-gpu:
 	GGML_VK_VISIBLE_DEVICES=0 TRYLL_LLAMA_PLACEMENT=vram \
 		$(GPU_VENV)/bin/python -m pytest -p no:randomly --durations=10 $(GPU_TESTS)
 
+# The CUDA build, in a venv of its own: the same tests as test-gpu. With an NVIDIA device
+# every language model goes on it; without one the build loads anyway (no VMM, the runtime
+# and cuBLAS from the venv) and the tests check that it falls back to the CPU. Not in
+# .ci/run: the build takes about 30 minutes on 2 cores for one architecture.
+CUDA_VENV ?= .venv-cuda
+test-cuda:
+	$(MAKE) install VENV=$(CUDA_VENV) LLAMA_BACKEND=cuda
+	TRYLL_LLAMA_PLACEMENT=$(if $(shell nvidia-smi -L 2>/dev/null),vram,auto) \
+		$(CUDA_VENV)/bin/python -m pytest -p no:randomly --durations=10 $(GPU_TESTS)
+
 # The 8-NPC workload's tokens/s on the CPU build and on the Vulkan build (reported, not
 # gated: here the Vulkan device is lavapipe). Needs make test-gpu's venv for the second.
 bench-backends: install
@@ -230,4 +241,4 @@ serve: install
 		--pipeline-config $(PIPELINE_CONFIG) $(SERVE_ARGS)
 
 clean:
-	rm -rf build $(VENV) $(GPU_VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info
+	rm -rf build $(VENV) $(GPU_VENV) $(CUDA_VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info
