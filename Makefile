@@ -38,6 +38,8 @@ LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 # LLAMA_BACKEND=vulkan or cuda builds llama.cpp with that GPU backend as well, into a wheel
 # cache entry of its own (docs/configuration.md, "GPU builds"); cpu is the default. The
 # venv remembers which one it holds (STAMP), so switching reinstalls the matching wheel.
+# the NVIDIA GPUs nvidia-smi lists (empty without one); `=`, so it runs only when used
+NVIDIA_GPUS = $(shell nvidia-smi -L 2>/dev/null)
 ifeq ($(LLAMA_BACKEND),cpu)
 LLAMA_BACKEND_FLAGS :=
 else ifeq ($(LLAMA_BACKEND),vulkan)
@@ -51,7 +53,7 @@ else ifeq ($(LLAMA_BACKEND),cuda)
 # finds no CUDA device and runs on the CPU). CUDA_ARCHITECTURES: the GPUs of this machine
 # when nvidia-smi lists one, else PTX for Turing and newer plus RTX 30 and 40 code.
 CUDA_HOME ?= /usr/local/cuda
-CUDA_ARCHITECTURES ?= $(if $(shell nvidia-smi -L 2>/dev/null),native,75-virtual;86-real;89-real)
+CUDA_ARCHITECTURES ?= $(if $(NVIDIA_GPUS),native,75-virtual;86-real;89-real)
 NVIDIA_WHEELS := nvidia-cuda-runtime==13.5.37 nvidia-cublas==13.10.0.20
 NVIDIA_LIB := $(VENV)/lib/python3.11/site-packages/nvidia/cu13
 LLAMA_BACKEND_FLAGS := -DGGML_CUDA=on -DGGML_CUDA_NO_VMM=ON \
@@ -183,7 +185,7 @@ test-gpu:
 CUDA_VENV ?= .venv-cuda
 test-cuda:
 	$(MAKE) install VENV=$(CUDA_VENV) LLAMA_BACKEND=cuda
-	TRYLL_LLAMA_PLACEMENT=$(if $(shell nvidia-smi -L 2>/dev/null),vram,auto) \
+	TRYLL_LLAMA_PLACEMENT=$(if $(NVIDIA_GPUS),vram,auto) \
 		$(CUDA_VENV)/bin/python -m pytest -p no:randomly --durations=10 $(GPU_TESTS)
 
 # The 8-NPC workload's tokens/s on the CPU build and on the Vulkan build (reported, not
