@@ -402,3 +402,31 @@ def test_error_carries_code_and_names(tmp_path):
     err = DownloadError(Code.DownloadFailed, "m/f: broke", model="m", file="f")
     assert err.code == 6001 and err.model == "m" and err.file == "f"
     assert str(err) == "m/f: broke (6001 DownloadFailed)" and err.message == "m/f: broke"
+
+
+def test_statuses_show_this_process_at_once_and_others_within_their_age(tmp_path, http_server):
+    store = two_file_store(tmp_path, http_server)
+    assert store.statuses() == {"vad": ModelStatus.Absent, "stt": ModelStatus.Absent}
+    store.fetch("stt")                  # this process: seen by the next call, however young
+    assert store.statuses() == {"vad": ModelStatus.Downloaded, "stt": ModelStatus.Downloaded}
+    # a change from outside (by hand, or another process): the snapshot stands until it ages
+    (store.root / "stt" / "b.txt").unlink()
+    assert store.statuses(max_age_s=3600)["stt"] == ModelStatus.Downloaded
+    assert store.statuses(max_age_s=0)["stt"] == ModelStatus.Incomplete
+    other = ModelStore(store.root, store.catalog)   # another store in this process
+    assert other.delete("stt") is True
+    assert store.statuses(max_age_s=3600)["stt"] == ModelStatus.Absent
+    assert store.statuses(max_age_s=3600)["vad"] == ModelStatus.Downloaded
+
+
+@pytest.mark.skipif(fcntl is None, reason="lock files need flock")
+def test_statuses_see_another_process_fetching_once_aged(tmp_path, http_server):
+    store = http_store(tmp_path, http_server)
+    assert store.statuses()["vad"] == ModelStatus.Absent
+    lock = store.root / ".locks" / "vad.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert store.statuses(max_age_s=3600)["vad"] == ModelStatus.Absent
+        assert store.statuses(max_age_s=0)["vad"] == ModelStatus.Downloading
+    assert store.statuses(max_age_s=0)["vad"] == ModelStatus.Absent

@@ -21,6 +21,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -77,6 +78,12 @@ def resolve_models_dir(models_dir: str | os.PathLike | None = None) -> Path:
 # One fetch per (models dir, entry) in this process; the lock file extends it to others.
 _active_guard = threading.Lock()
 _active: set[tuple[str, str]] = set()
+# Bumped whenever a guard is taken or given back, i.e. whenever this process starts or ends
+# a fetch or a delete: the only in-process changes to what status() reports.
+_generation = 0
+
+# How stale ModelStore.statuses() may be about changes made outside this process.
+STATUS_MAX_AGE_S = 1.0
 
 
 class ModelStore:
@@ -89,6 +96,11 @@ class ModelStore:
         # Extra `pip download` options, e.g. ("--no-index", "--find-links", DIR) offline.
         self.pip_options = tuple(pip_options)
         self.record = DownloadsRecord(self.root)
+        # the directory's one spelling, the key of this process's running fetches: resolved
+        # once, since realpath's lstat per component would otherwise run per status() call
+        self._root_key = str(self.root.resolve())
+        self._root_s = os.fspath(self.root)
+        self._snapshot: tuple[int, float, dict[str, ModelStatus]] | None = None
 
     # ----- lookups -----
 
@@ -115,11 +127,30 @@ class ModelStore:
             return ModelStatus.Downloading
         if self._is_complete(entry):
             return ModelStatus.Downloaded
-        model_dir = self.root / entry.name
-        if any((model_dir / f.name).exists() or (model_dir / f"{f.name}.part").exists()
+        model_dir = os.path.join(self._root_s, entry.name)
+        if any(os.path.exists(os.path.join(model_dir, f.name))
+               or os.path.exists(os.path.join(model_dir, f"{f.name}.part"))
                for f in entry.files):
             return ModelStatus.Incomplete
         return ModelStatus.Absent
+
+    def statuses(self, max_age_s: float = STATUS_MAX_AGE_S) -> dict[str, ModelStatus]:
+        """status() of every visible catalog entry, reused for up to `max_age_s` while this
+        process starts or ends no fetch or delete.
+
+        ListModels asks for every entry on each request, and status() costs a few
+        filesystem calls per entry: a client looping on ListModels would otherwise turn
+        into a stream of them. Another process's fetch, or a file changed by hand, shows
+        within `max_age_s`; this process's own changes show at once.
+        """
+        snap = self._snapshot
+        now = time.monotonic()
+        if snap is not None and snap[0] == _generation and now - snap[1] < max_age_s:
+            return snap[2]
+        generation = _generation        # read first: a change while we look invalidates it
+        fresh = {e.name: self.status(e.name) for e in self.catalog.visible()}
+        self._snapshot = (generation, now, fresh)
+        return fresh
 
     def is_downloaded(self, name: str) -> bool:
         """The entry and everything it depends on are on disk and recorded."""
@@ -182,12 +213,15 @@ class ModelStore:
     def _is_complete(self, entry: ModelEntry) -> bool:
         if not self.record.matches(entry):
             return False
-        if not all(_size(self.root / entry.name / f.name) == f.size for f in entry.files):
+        # strings, not Paths: ListModels asks this of every entry on each request, and
+        # pathlib's joins cost more than the stat calls
+        model_dir = os.path.join(self._root_s, entry.name)
+        if not all(_size(os.path.join(model_dir, f.name)) == f.size for f in entry.files):
             return False
         if entry.prepare:
             derived = self.record.derived(entry.name)
             return bool(derived) and all(
-                _size(self.root / entry.name / str(d.get("name"))) == d.get("size")
+                _size(os.path.join(model_dir, str(d.get("name")))) == d.get("size")
                 for d in derived)
         return True
 
@@ -286,30 +320,36 @@ class ModelStore:
         return self.root / ".locks" / f"{name}.lock"
 
     def _is_active(self, name: str) -> bool:
-        if (str(self.root.resolve()), name) in _active:
+        if (self._root_key, name) in _active:
             return True
-        lock_path = self._lock_path(name)
-        if fcntl is None or not lock_path.exists():
+        if fcntl is None:
             return False
-        with open(lock_path, "a+b") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        # os.open, not open(): ListModels asks this of every entry on each request
+        try:
+            fd = os.open(os.path.join(self._root_s, ".locks", f"{name}.lock"), os.O_RDONLY)
+        except OSError:
+            return False                  # no lock file: nobody ever fetched it here
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)                  # closing the descriptor releases the flock
         return False
 
     @contextmanager
     def _guard(self, name: str) -> Iterator[None]:
         """Hold the entry's fetch guard: 6004 if this or another process already does."""
+        global _generation
         self.root.mkdir(parents=True, exist_ok=True)
-        key = (str(self.root.resolve()), name)
+        key = (self._root_key, name)
         with _active_guard:
             if key in _active:
                 raise DownloadError(Code.DownloadAlreadyActive,
                                     f"{name}: already being fetched in this process",
                                     model=name)
             _active.add(key)
+            _generation += 1
         lock_file = None
         try:
             if fcntl is not None:
@@ -328,6 +368,7 @@ class ModelStore:
                 lock_file.close()  # closing the descriptor releases the flock
             with _active_guard:
                 _active.discard(key)
+                _generation += 1
 
 
 def fetch(name: str, models_dir: str | os.PathLike | None = None, *,
@@ -477,11 +518,12 @@ def _resumable_bytes(model_dir: Path, mf: ModelFile) -> int:
     return size if _resumable(mf) and 0 < size <= mf.size else 0
 
 
-def _size(path: Path) -> int:
+def _size(path: str | Path) -> int:
     try:
-        return path.stat().st_size if path.is_file() else -1
+        st = os.stat(path)
     except OSError:
         return -1
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
 
 def _hash_stream(f, hasher, limit: int) -> None:

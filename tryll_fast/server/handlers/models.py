@@ -41,11 +41,15 @@ def _entry(server, name: str, field: str = "model_name") -> ModelEntry:
     return entry
 
 
-def model_info(server, entry: ModelEntry) -> codec.ModelInfo:
+def model_info(server, entry: ModelEntry, on_disk: dict) -> codec.ModelInfo:
+    """The entry's ListModels row; `on_disk`: ModelStore.statuses()."""
     if server.models.is_loaded(entry.name):
         status = codec.ModelStatus.Loaded
     else:
-        status = codec.ModelStatus(int(server.models.store.status(entry.name)))
+        found = on_disk.get(entry.name)
+        if found is None:
+            found = server.models.store.status(entry.name)
+        status = codec.ModelStatus(int(found))
     caps = entry.capabilities
     tts = None
     if entry.role == "tts":
@@ -68,8 +72,13 @@ def model_info(server, entry: ModelEntry) -> codec.ModelInfo:
 def list_models(session, req):
     rid = req.request_id
     server = session.server
-    session.run_blocking(rid, "ListModelsRequest", lambda: codec.ListModelsResponse(
-        request_id=rid, models=[model_info(server, e) for e in server.catalog.visible()]))
+
+    def answer():
+        on_disk = server.models.store.statuses()
+        return codec.ListModelsResponse(request_id=rid, models=[
+            model_info(server, e, on_disk) for e in server.catalog.visible()])
+
+    session.run_blocking(rid, "ListModelsRequest", answer)
 
 
 class _Progress:
