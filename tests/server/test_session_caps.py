@@ -135,3 +135,47 @@ def busy_session(srv, w):
     """The server's Session of the connection `w` (the only other one is the player's)."""
     port = w.sock.getsockname()[1]
     return next(s for s in list(srv.connections) if s.conn.peer.endswith(f":{port}"))
+
+
+# ---- refused requests cost more of the frame budget ----
+
+def _refusals(srv, n: int) -> tuple[float, int]:
+    """Send n requests the server can only refuse (half undecodable, half for an agent that
+    does not exist); the seconds until the last refusal came back, and the throttles."""
+    with Wire(srv.address) as w:
+        w.create_session()
+        throttles = srv.reactor.stats()["throttles"]
+        junk = b"\x10\x00\x00\x00" + bytes(range(16))
+        t0 = time.monotonic()
+        w.send_raw(b"".join(junk if i % 2 else codec.encode(codec.DestroyAgentRequest(
+            request_id=i + 10, agent_id=999)) for i in range(n)))
+        codes = {w.recv(timeout=30).code for _ in range(n)}
+        elapsed = time.monotonic() - t0
+        assert codes == {ErrorCode.MalformedMessage, ErrorCode.InvalidAgentId}, codes
+        # served requests are still served, on the same connection
+        assert isinstance(w.request(codec.SetSessionLocaleRequest(
+            request_id=w.rid(), locale="de")), codec.Ack)
+        return elapsed, srv.reactor.stats()["throttles"] - throttles
+
+
+def test_refused_requests_take_more_of_the_frame_budget(tmp_path):
+    rate, n = 1000, 300
+    srv = start_server(tmp_path, overrides=[f"transport.max_frames_per_second={rate}",
+                                            "transport.refused_frame_cost=9"])
+    try:
+        elapsed, throttles = _refusals(srv, n)
+    finally:
+        srv.shutdown(10)
+    # 10 frames' worth each: one second's worth at once, the rest at rate / 10 a second
+    assert throttles > 0
+    assert elapsed >= (10 * n - rate) / rate - 0.05, elapsed
+
+
+def test_with_no_refusal_cost_refusals_cost_one_frame(tmp_path):
+    srv = start_server(tmp_path, overrides=["transport.max_frames_per_second=1000",
+                                            "transport.refused_frame_cost=0"])
+    try:
+        _, throttles = _refusals(srv, 300)     # 300 frames: inside one second's worth
+    finally:
+        srv.shutdown(10)
+    assert throttles == 0

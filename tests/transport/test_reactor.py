@@ -324,6 +324,72 @@ def test_a_connection_past_its_frame_budget_is_read_later_and_loses_nothing():
         h.stop()
 
 
+class Charging(Timed):
+    """Charges its connection for every frame that starts with b"bad" (as the session
+    does for a request it refuses), and 1e9 frames for b"huge"."""
+
+    def frame_received(self, payload):
+        if payload.startswith(b"bad"):
+            self.conn.charge(9.0)
+        elif payload == b"huge":
+            self.conn.charge(1e9)
+        super().frame_received(payload)
+
+
+def charging_harness(rate):
+    h = Harness(max_frames_per_second=rate)
+    h.connection_made = lambda conn: h.receivers.append(Charging(conn, h.log)) or \
+        h.receivers[-1]
+    return h
+
+
+def arrivals(h, prefix):
+    return [t for kind, t, p in (e for e in h.log if e[0] == "frame") if p.startswith(prefix)]
+
+
+def test_charged_frames_are_read_at_a_fraction_of_the_budget_and_none_is_lost():
+    rate = 2000
+    h = charging_harness(rate)
+    try:
+        s = h.client()
+        n = 400                         # 9 + 1 frames' worth each: 4000 of the budget
+        t0 = time.monotonic()
+        s.sendall(b"".join(frame(b"bad%04d" % i) for i in range(n)))
+        assert read_frames(s, n, timeout=30) == [b"bad%04d" % i for i in range(n)]
+        times = arrivals(h, b"bad")
+        # one second's worth at once (200 of them), then rate / 10 a second
+        for k in range(220, n, 20):
+            assert times[k] - t0 >= (10 * k - rate) / rate - 0.01, (k, times[k] - t0)
+        # a connection that is not charged keeps the whole budget
+        honest = h.client()
+        t1 = time.monotonic()
+        honest.sendall(b"".join(frame(b"ok%04d" % i) for i in range(n)))
+        assert len(read_frames(honest, n, timeout=30)) == n
+        assert arrivals(h, b"ok")[-1] - t1 < (10 * n - rate) / rate      # no debt
+    finally:
+        h.stop()
+
+
+def test_a_connection_debt_stops_at_one_second_of_budget():
+    h = charging_harness(1000)
+    try:
+        s = h.client()
+        s.sendall(frame(b"huge") + frame(b"after"))
+        # 1e9 frames at 1000 a second would be 11 days: the debt is capped at 1000
+        assert read_frames(s, 2, timeout=10) == [b"huge", b"after"]
+    finally:
+        h.stop()
+
+
+def test_charging_without_a_budget_changes_nothing(h):
+    h.connection_made = lambda conn: h.receivers.append(Charging(conn, h.log)) or \
+        h.receivers[-1]
+    s = h.client()
+    s.sendall(b"".join(frame(b"bad%d" % i) for i in range(5000)))
+    assert len(read_frames(s, 5000, timeout=30)) == 5000
+    assert h.reactor.throttles == 0
+
+
 def test_no_frame_budget_means_no_throttling(h):
     s = h.client()
     s.sendall(b"".join(frame(b"%d" % i) for i in range(30_000)))

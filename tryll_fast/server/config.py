@@ -160,6 +160,12 @@ SETTINGS: tuple[Setting, ...] = (
             "frames one connection may send per second (a bucket of one second's worth); a "
             "connection past it is not read until it has budget again, so one flooding client "
             "cannot take the reactor's CPU from the others. 0 = no budget", minimum=0),
+    Setting("transport.refused_frame_cost", "float", 10.0,
+            "frames' worth of transport.max_frames_per_second a request refused on arrival "
+            "(undecodable, unknown, over a cap, invalid: any ErrorResponse sent before it "
+            "runs) takes on top of its own frame, so a client sending what can only be "
+            "refused is read about this many times slower (the debt stops at one second's "
+            "worth). 0 = refused frames cost what served ones do", minimum=0.0),
     Setting("transport.direct_send", "bool", True,
             "a frame sent from another thread onto an empty queue is written by that thread, "
             "unless the connection had such a write < 50 µs ago (a burst: queued for one "
@@ -281,6 +287,7 @@ class ServerConfig:
     transport_stall_timeout_ms: int
     transport_max_connections: int
     transport_max_frames_per_second: int
+    transport_refused_frame_cost: float
     transport_direct_send: bool
     shutdown_deadline_ms: int
     workers_threads: int

@@ -195,6 +195,11 @@ class Session:
             cpu_burst_s=server.config.session_lane_cpu_burst_ms / 1000.0,
             contended=lambda: not self.closed and server.turns_elsewhere(self))
         self._routes = server.routes
+        # a request refused on arrival costs its connection more of its frame budget than
+        # one served; only the TCP transport has a budget (docs/configuration.md, "Bounded
+        # work per session")
+        self._refused_cost = server.config.transport_refused_frame_cost
+        self._charge = getattr(conn, "charge", None) if self._refused_cost > 0 else None
 
     @property
     def created(self) -> bool:
@@ -206,11 +211,13 @@ class Session:
         try:
             msg = codec.decode(payload)
         except codec.CodecError as exc:                 # 5001 / 5002, the connection stays
+            self._refused()
             self.fail(codec.peek_request_id(payload), exc)
             return
         route = self._routes[msg.body_type]
         body = msg.body
         if route is None:
+            self._refused()
             if body is None:
                 self.send_error(0, ErrorCode.MalformedMessage,
                                 "malformed message: the Message has no body")
@@ -220,12 +227,14 @@ class Session:
                                 "a client cannot send it")
             return
         if body is None:                # a known tag whose table is absent: nothing to serve
+            self._refused()
             self.send_error(0, ErrorCode.MalformedMessage,
                             f"malformed message: Message.body_type is {route.name} but the "
                             "body itself is absent")
             return
         if self.id == 0 and route.before_session != "serve":
             if route.before_session == "reject" and not route.silent:
+                self._refused()
                 self.send_error(body.request_id, ErrorCode.SessionNotReady,
                                 f"{route.name} before CreateSessionRequest: every connection "
                                 "must create its session first")
@@ -238,11 +247,16 @@ class Session:
         try:
             reply = route.fn(self, body)
         except Exception as exc:
+            self._refused()
             self.fail(getattr(body, "request_id", 0), exc, route.name,
                       getattr(body, "agent_id", 0))
         else:
             if reply is not None:
                 self.send_reply(reply)
+
+    def _refused(self) -> None:
+        if self._charge is not None:
+            self._charge(self._refused_cost)
 
     def writing_resumed(self) -> None:
         with self._lock:

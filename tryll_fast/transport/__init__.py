@@ -3,7 +3,8 @@
 Owns: the listening socket, accepted connections, their read buffers and the
 frame extraction (compiled, `_reactor.pyx`), the outbound queues flushed with
 sendmsg(), the eventfd that wakes the reactor for sends from other threads,
-the per-connection outbound cap with its pause/resume and stall timeout.
+the per-connection outbound cap with its pause/resume and stall timeout, and the
+per-connection frame budget (which a receiver may `charge()` for frames it refused).
 
 It knows frames only as length-prefixed byte strings: decoding, sessions and
 what a frame means belong to `tryll_fast.server`. A receiver object per

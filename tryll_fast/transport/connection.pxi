@@ -72,6 +72,17 @@ cdef class Connection:
         r._wake()
         return True
 
+    def charge(self, double frames):
+        """Take `frames` more from this connection's frame budget (any thread; the GIL
+        orders it with the reactor's own spending). The session charges a request it
+        refused, so a client whose frames can only be refused is read at a fraction of
+        the rate a client whose frames are served gets. The debt stops at one second's
+        worth, so an honest client recovers within a second of its last refusal."""
+        cdef double rate = self._reactor.max_frames_per_second
+        if rate <= 0.0 or frames <= 0.0:
+            return
+        self._tokens = max(-rate, self._tokens - frames)
+
     def wait_writable(self, timeout=None):
         """Block (a producer thread) until the connection is not paused.
         True when it may send; False on timeout or when it closed."""
@@ -372,8 +383,9 @@ cdef class Connection:
         """The budget is spent: stop reading until a few frames' worth has refilled (not
         one: a wake-up per frame would cost more than the frames)."""
         cdef Reactor r = self._reactor
-        self._throttled_until = _now() + max(THROTTLE_MIN_S,
-                                             THROTTLE_FRAMES / r.max_frames_per_second)
+        # until THROTTLE_FRAMES are available again, whatever debt charge() left
+        self._throttled_until = _now() + max(
+            THROTTLE_MIN_S, (THROTTLE_FRAMES - self._tokens) / r.max_frames_per_second)
         r.throttles += 1
         r._watched.add(self)
         self._update_interest()
