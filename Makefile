@@ -215,7 +215,9 @@ fuzz-server: install
 	$(PY) -m fuzz.server --frames $(FUZZ_SERVER_FRAMES)
 
 # One connection sends a million mutated frames; peak memory, the queue cap, a healthy
-# session's first token during it, and the process back to baseline (benchmarks/flood.py).
+# session's first token during it against as many turns with no flood, and the process back
+# to baseline (benchmarks/flood.py). Refused frames cost ten of the frame budget, so at the
+# defaults the flood takes about 14 minutes and the control as long.
 flood: install
 	$(PY) -m benchmarks.flood
 

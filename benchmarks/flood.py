@@ -58,23 +58,32 @@ def four_requests() -> list[bytes]:
     return [codec.encode(b)[4:] for b in bodies]
 
 
-def frame_pool(rng: random.Random) -> list[bytes]:
+def frame_pool(rng: random.Random, turns: bool = True) -> list[bytes]:
     """Half valid copies, half mutated; never an empty payload (a
-    length of 0 is a framing error the server hangs up on, which would end the flood)."""
+    length of 0 is a framing error the server hangs up on, which would end the flood).
+    turns=False: without the frames that decode as a SendMessageRequest, so the flood asks
+    for no turn of its own and what it costs the server is overhead alone."""
     seeds = four_requests()
     out = []
     while len(out) < POOL:
         payload = seeds[len(out) % len(seeds)]
         if rng.random() < 0.5:
             payload = corpus.mutate(payload, rng, max_ops=2)
-        if payload:
+        if payload and not (not turns and _asks_for_a_turn(payload)):
             out.append(struct.pack("<I", len(payload)) + payload)
     return out
 
 
-def flood(port: int, total: int, rng: random.Random) -> dict:
+def _asks_for_a_turn(payload: bytes) -> bool:
+    try:
+        return isinstance(codec.decode(payload).body, codec.SendMessageRequest)
+    except Exception:  # noqa: BLE001 - a frame the server refuses asks for nothing
+        return False
+
+
+def flood(port: int, total: int, rng: random.Random, turns: bool = True) -> dict:
     """Send `total` frames as fast as the server takes them; read only when it does not."""
-    pool = frame_pool(rng)
+    pool = frame_pool(rng, turns)
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(codec.encode(codec.CreateSessionRequest(request_id=1)))
     sock.setblocking(False)
@@ -155,7 +164,8 @@ class Sampler:
 
 
 def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn, agent: int,
-                       first_token: list, whole: list, problems: list) -> dict:
+                       first_token: list, whole: list, problems: list,
+                       turns: bool = True) -> dict:
     """flood() while the healthy session `c` takes turns on `agent` (soak.timed_turns)."""
     stop = threading.Event()
     beside = threading.Thread(target=soak.timed_turns,
@@ -163,7 +173,7 @@ def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn,
                               kwargs={"stop": stop})
     beside.start()
     try:
-        return flood(port, frames, rng)
+        return flood(port, frames, rng, turns)
     finally:
         stop.set()
         beside.join(120)
@@ -171,7 +181,7 @@ def flood_beside_turns(port: int, frames: int, rng: random.Random, c: soak.Conn,
 
 def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 40,
         seed: int = 1, out=sys.stdout, settings: tuple[str, ...] = (),
-        control: bool = False) -> dict:
+        control: bool = False, turns: bool = True) -> dict:
     from benchmarks.transport_load import ServerProcess
     from tryll_fast.models import ensure_model
     ensure_model(soak.SMOL, soak.MODELS_DIR)
@@ -204,7 +214,7 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
         loaded = soak.probe(pid, port)          # idle, with the healthy session's model
         with Sampler(pid) as sampler:
             got = flood_beside_turns(port, frames, rng, c, agent, flood_ft, flood_turn,
-                                     problems)
+                                     problems, turns)
         # the same turns once the flooding session is gone, on the dialog the flood's turns
         # grew: what a turn of that length costs on an idle server
         quiet_by = time.monotonic() + 30
@@ -250,7 +260,8 @@ def run(frames: int = 1_000_000, peak_bound_mb: float = 200, margin_mb: float = 
               "turn_after_ms": soak.spread_ms(after_turn),
               "first_token_control_ms": soak.spread_ms(control_ft),
               "turn_control_ms": soak.spread_ms(control_turn), "problems": problems}
-    print(f"flood: {got['frames']} frames in {got['seconds']:.1f} s "
+    print(f"flood{'' if turns else ' (no SendMessage frames)'}: {got['frames']} frames in "
+          f"{got['seconds']:.1f} s "
           f"({got['frames'] / got['seconds']:.0f}/s), {got['replies']} replies read in "
           f"{got['reads']} reads", file=out)
     print(f"resident memory: idle {before['rss_mb']:.1f} MB (no session), "
@@ -281,11 +292,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the control: as many healthy turns again, with no flood")
+    parser.add_argument("--no-turns", dest="turns", action="store_false",
+                        help="leave out the frames that decode as SendMessageRequest: the "
+                             "flood's overhead without the turns it asks for")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a server setting (e.g. session.lane_cpu_share=0)")
     args = parser.parse_args(argv)
     report = run(args.frames, args.peak_bound_mb, args.margin_mb, args.seed,
-                 settings=tuple(args.set), control=args.control)
+                 settings=tuple(args.set), control=args.control, turns=args.turns)
     return 1 if report["problems"] else 0
 
 
