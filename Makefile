@@ -5,6 +5,7 @@
 #   LLAMA_BACKEND=vulkan|cuda  (with install/serve/test) a GPU build of llama.cpp; cpu default
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
+#   make bench-backends / make bench-share  the 8-NPC workload per build / a game beside it
 #   make fuzz    a longer atheris campaign on the codec
 #   make fuzz-server  mutated frames of every request type against a live server
 #   make soak / make flood  a careless workload / a million-frame flood, back to baseline
@@ -82,7 +83,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test test-gpu test-cuda bench bench-backends soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
+.PHONY: test test-gpu test-cuda bench bench-backends bench-share soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -192,6 +193,13 @@ test-cuda:
 # gated: here the Vulkan device is lavapipe). Needs make test-gpu's venv for the second.
 bench-backends: install
 	$(PY) -m benchmarks.backends
+
+# A game's frames on the device beside the NPCs, alone and at several throttles, on each
+# build (reported, not gated; benchmarks/share.py). On lavapipe pass fewer, shorter turns:
+# make bench-share SHARE_ARGS="--builds vulkan --npcs 2 --npc-tokens 8 --seconds 60"
+SHARE_ARGS ?=
+bench-share: install
+	$(PY) -m benchmarks.share $(SHARE_ARGS)
 
 # --timeout=0: the tests' per-test limit (pyproject.toml) is not a benchmark's; a benchmark
 # runs a fixed number of rounds, however long this machine takes for them
