@@ -113,6 +113,7 @@ def npcs_worker(throttle: float, n: int, max_tokens: int) -> int:
 # -- the game's process ---------------------------------------------------------------------
 
 def game_worker(on_device: bool) -> int:
+    import llama_cpp
     from llama_cpp import Llama
 
     from tryll_fast.models import ensure_model
@@ -126,6 +127,9 @@ def game_worker(on_device: bool) -> int:
         t = time.perf_counter()
         llm.reset()
         llm.eval(tokens)
+        # a GPU backend returns from eval with the work still queued on the device; a
+        # game's frame ends when its device work has (its fence, its present)
+        llama_cpp.llama_synchronize(llm._ctx.ctx)
         return time.perf_counter() - t
 
     alone = [frame() for _ in range(WARM_FRAMES)]
