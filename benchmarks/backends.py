@@ -64,6 +64,25 @@ def worker(rounds: int, max_tokens: int) -> dict:
             "device": place["device"]}
 
 
+def venvs(wanted=None):
+    """(label, python, environment) of each build whose venv exists (of `wanted`, if
+    given); a missing one is reported and skipped."""
+    for label, venv, env in BUILDS:
+        if wanted is not None and label not in wanted:
+            continue
+        py = os.path.join(ROOT, venv, "bin", "python")
+        if not os.path.exists(py):
+            print(f"{label:7s} skipped: {venv} does not exist (make test-gpu builds it)")
+            continue
+        yield label, py, env
+
+
+def write_json(path, results) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -76,11 +95,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args.rounds, args.max_tokens)), flush=True)
         return 0
     results = {}
-    for label, venv, env in BUILDS:
-        py = os.path.join(ROOT, venv, "bin", "python")
-        if not os.path.exists(py):
-            print(f"{label:7s} skipped: {venv} does not exist (make test-gpu builds it)")
-            continue
+    for label, py, env in venvs():
         out = subprocess.run([py, "-m", "benchmarks.backends", "--worker",
                               "--rounds", str(args.rounds), "--max-tokens",
                               str(args.max_tokens)],
@@ -99,9 +114,7 @@ def main(argv=None) -> int:
         ratio = (statistics.median(results["cpu"]["tokens_per_s"])
                  / statistics.median(results["vulkan"]["tokens_per_s"]))
         print(f"cpu / vulkan: {ratio:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.backends import BUILDS, ROOT
+from benchmarks.backends import ROOT, venvs, write_json
 
 GAME_MODEL = "SmolLM2-135M-Instruct"
 GAME_TOKENS = 4
@@ -248,23 +248,11 @@ def main(argv=None) -> int:
     if args.game_worker:
         return game_worker(args.on_device)
     throttles = [float(t) for t in args.throttles.split(",")]
-    wanted = args.builds.split(",")
-    results = {}
-    for label, venv, env in BUILDS:
-        if label not in wanted:
-            continue
-        py = os.path.join(ROOT, venv, "bin", "python")
-        if not os.path.exists(py):
-            print(f"{label:7s} skipped: {venv} does not exist (make test-gpu builds it)")
-            continue
-        results[label] = run_build(label, py, env, seconds=args.seconds,
-                                   throttles=throttles, npcs=args.npcs,
-                                   npc_tokens=args.npc_tokens)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    results = {label: run_build(label, py, env, seconds=args.seconds, throttles=throttles,
+                                npcs=args.npcs, npc_tokens=args.npc_tokens)
+               for label, py, env in venvs(args.builds.split(","))}
+    write_json(args.json, results)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
