@@ -8,6 +8,7 @@ from engine_prompts import chatml
 from tryll_fast.engines.llama import (
     EngineClosed, EngineError, FinishReason, InvalidRequest, LlamaEngine, Priority,
 )
+from tryll_fast.engines.llama.engine import throttle_pause
 
 pytestmark = pytest.mark.model
 
@@ -306,6 +307,34 @@ def test_throttle_pauses_between_steps_and_keeps_the_text(smollm2_model):
     assert status[0]["steps"] == status[1]["steps"] > 0
     assert status[0]["throttle_pauses"] == 0
     assert status[1]["throttle_pauses"] == status[1]["steps"]
+
+
+def test_the_throttle_pause_is_linear_in_the_throttle():
+    # the engine keeps a (1 - t) share of the time whatever a step costs, up to 0.95
+    assert throttle_pause(0.2, 0.0) == 0.0
+    assert throttle_pause(0.2, 0.5) == pytest.approx(0.2)
+    assert throttle_pause(0.2, 0.8) == pytest.approx(0.8)
+    assert throttle_pause(3.0, 0.8) == pytest.approx(12.0)    # a software device's step
+    assert throttle_pause(0.2, 0.95) == pytest.approx(0.2 * 19)
+    assert throttle_pause(0.2, 0.99) == throttle_pause(0.2, 1.0) == pytest.approx(0.2 * 19)
+
+
+def test_a_throttle_pause_still_takes_cancels_and_commands(smollm2_model):
+    # At throttle 1 the pause after the prompt's step is 19 times that step. The cancel and
+    # the status call are answered inside it: the status still sees the pause running.
+    # (one step: the prompt fits n_batch)
+    lore = " ".join(f"Oakvale has {i} wells and {i + 3} mills." for i in range(6))
+    with fresh(smollm2_model, throttle=1.0) as eng:
+        h = eng.submit(chatml(lore + " How many wells?"), max_tokens=64)
+        next(iter(h.stream(timeout=60)))
+        h.cancel()
+        assert h.wait(60) and h.finish_reason == FinishReason.CANCELLED.value
+        st = eng.status()
+        assert st["throttle_pause_left_s"] > 0
+        assert h.stats.tokens_generated < 64
+        eng.set_throttle(0.0)                       # lowering the throttle ends the pause
+        assert eng.submit(chatml("Say hi."), max_tokens=4).result(60)
+        assert eng.status()["throttle_pause_left_s"] == 0
 
 
 def test_throttle_serves_background_last(smollm2_model):

@@ -31,7 +31,19 @@ from tryll_fast.engines.llama.scheduler import Request, Scheduler
 
 log = logging.getLogger(__name__)
 
-MAX_THROTTLE_SLEEP_S = 0.25
+# Under throttle t the engine pauses step x t / (1 - t) after its steps, so it keeps a
+# (1 - t) share of the time: linear in t, as SetInferenceThrottle promises, whatever a step
+# costs on the device. From 0.95 up the share stays 1/20, so even 1 ("yield as much as you
+# can") keeps text moving.
+MAX_PAUSE_PER_STEP = 19.0
+
+
+def throttle_pause(step_s: float, throttle: float) -> float:
+    """Seconds to yield after `step_s` seconds of decoding under `throttle`."""
+    if throttle <= 0.0:
+        return 0.0
+    ratio = MAX_PAUSE_PER_STEP if throttle >= 1.0 else throttle / (1.0 - throttle)
+    return step_s * min(ratio, MAX_PAUSE_PER_STEP)
 
 
 class LlamaEngine:
@@ -102,7 +114,10 @@ class LlamaEngine:
         self._hold = 0
         self._closing = False
         self._closed = False
-        self._stop = threading.Event()
+        # (when the last throttled round of steps ended, how long it decoded): the pause
+        # runs from there, its length read from the throttle as it is now, so a throttle
+        # lowered meanwhile ends it sooner and a raised one makes it longer
+        self._paused_after = (0.0, 0.0)
         self.set_throttle(throttle)
         name = f"llama-scheduler-{os.path.basename(self.model.path)}"
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -300,6 +315,7 @@ class LlamaEngine:
         """The engine's own context's scheduler counters; the other lanes' under "lanes"."""
         def run():
             out = self._sched.status()
+            out["throttle_pause_left_s"] = max(0.0, self._pause_left(time.perf_counter()))
             out["lanes"] = {lane.key.describe(): lane.sched.status()
                             for key, lane in self._lanes.items() if not key.is_base}
             return out
@@ -365,6 +381,11 @@ class LlamaEngine:
             raise InvalidRequest(f"throttle={throttle!r} outside [0, 1]")
         for lane in self._lanes.values():
             lane.sched.throttle = float(throttle)
+        self._nudge()              # a pause under way is now shorter or longer
+
+    def _pause_left(self, now: float) -> float:
+        end, busy = self._paused_after
+        return end + throttle_pause(busy, self._sched.throttle) - now
 
     @property
     def throttle(self) -> float:
@@ -449,7 +470,8 @@ class LlamaEngine:
                 while not (self._closing or self._commands or self._incoming or self._nudged
                            or (self._hold == 0 and self._has_work())):
                     self._cv.wait()
-                if idle_wait:
+                if idle_wait and not (self._closing or self._commands or self._incoming
+                                      or self._nudged):
                     self._cv.wait(idle_wait)
                 if self._closing:
                     return
@@ -471,6 +493,12 @@ class LlamaEngine:
                 if held:
                     idle_wait = None
                     continue
+                # Under throttle the device is the game's until the pause ends; commands,
+                # new requests and cancels are still taken in meanwhile (they wake the wait)
+                pause_left = self._pause_left(time.perf_counter())
+                if pause_left > 0:
+                    idle_wait = pause_left
+                    continue
                 # one step per lane with work, the first lane rotating: lanes share the
                 # thread (and llama.cpp's threads) step by step, none waits for another's
                 # requests to end
@@ -478,6 +506,7 @@ class LlamaEngine:
                 first = self._rotation % n
                 self._rotation += 1
                 stepped_any = False
+                busy = 0.0
                 for i in range(n):
                     s = lanes[(first + i) % n].sched
                     if not s.has_work():
@@ -487,12 +516,10 @@ class LlamaEngine:
                     stepped = s.step()
                     stepped_any = stepped_any or stepped
                     if stepped and s.throttle > 0:
-                        dt = time.perf_counter() - t0
-                        t = s.throttle
-                        pause = (MAX_THROTTLE_SLEEP_S if t >= 1
-                                 else min(MAX_THROTTLE_SLEEP_S, dt * t / (1 - t)))
+                        busy += time.perf_counter() - t0
                         s.throttle_pauses += 1
-                        self._stop.wait(pause)
+                if busy:
+                    self._paused_after = (time.perf_counter(), busy)
                 # nothing to decode but work queued (e.g. a conversation busy): don't spin
                 idle_wait = None if stepped_any or not self._has_work() else 0.01
             except Exception as e:  # a bug must fail requests, not silently kill the thread
@@ -514,7 +541,6 @@ class LlamaEngine:
                 return
             self._closing = True
             self._cv.notify()
-        self._stop.set()
         self._thread.join()
         with self._cv:
             leftover, self._incoming = self._incoming, []
