@@ -75,6 +75,23 @@ def write(w, name, *records):
     return r.results
 
 
+def test_the_mutable_kb_cap_is_a_setting(server_dir, tmp_path):
+    srv = start_server(tmp_path, models_dir=MODELS_DIR,
+                       overrides=["session.max_mutable_kbs=1"])
+    try:
+        with Wire(srv.address, timeout=60) as w:
+            w.create_session(locale="en")
+            ensure(w, "first", embedding_model_name=MINILM)
+            r = w.request(codec.EnsureMutableKbRequest(
+                request_id=w.rid(), store_name="second",
+                schema=codec.MutableKbSchema(embedding_model_name=MINILM)))
+            assert r.code == E.MutableKbLimitExceeded
+            assert "session.max_mutable_kbs allows (1)" in r.message
+            assert not ensure(w, "first", embedding_model_name=MINILM).created
+    finally:
+        srv.shutdown(10)
+
+
 # ---- every message
 
 def test_every_message_through_the_client(client):

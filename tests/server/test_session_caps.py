@@ -49,6 +49,38 @@ def test_requests_queued_behind_the_lane_are_capped_and_none_accepted_is_lost(tm
         srv.shutdown(10)
 
 
+def test_string_storages_per_session_and_their_characters_are_settings(tmp_path):
+    srv = start_server(tmp_path, overrides=["session.max_string_storages=2",
+                                            "session.max_string_storage_chars=40"])
+    try:
+        with Wire(srv.address) as w, Wire(srv.address) as other:
+            w.create_session()
+            other.create_session()
+
+            def create(wire, name, text):
+                return wire.request(codec.CreateStringStorageRequest(
+                    request_id=wire.rid(), name=name, strings=[text]))
+
+            assert isinstance(create(w, "a", "x" * 10), codec.CreateStringStorageResponse)
+            too_long = create(w, "b", "y" * 31)            # 10 + 31 > 40
+            assert too_long.code == ErrorCode.SessionLimitReached
+            assert "session.max_string_storage_chars allows 40" in too_long.message
+            assert isinstance(create(w, "b", "y" * 30), codec.CreateStringStorageResponse)
+            third = create(w, "c", "z")
+            assert third.code == ErrorCode.SessionLimitReached
+            assert third.request_id > 0
+            assert "session.max_string_storages allows (2)" in third.message
+            # the caps are the session's: another session is not counted against them
+            assert isinstance(create(other, "c", "z" * 40),
+                              codec.CreateStringStorageResponse)
+            # destroying one makes room; the connection is fine
+            assert isinstance(w.request(codec.DestroyStringStorageRequest(
+                request_id=w.rid(), name="a")), codec.Ack)
+            assert isinstance(create(w, "c", "z"), codec.CreateStringStorageResponse)
+    finally:
+        srv.shutdown(10)
+
+
 # ---- the lane's CPU share ----
 
 def _burn(cpu_s: float) -> None:

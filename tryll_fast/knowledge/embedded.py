@@ -441,9 +441,11 @@ def lease_embedder(models, model: str, where: str):
 class SessionEmbedded:
     """A session's named embedded storages (Create pins one, Destroy unpins it)."""
 
-    def __init__(self, files: StoreFiles, models, other_names=lambda: ()) -> None:
+    def __init__(self, files: StoreFiles, models, other_names=lambda: (), *,
+                 max_storages: int = MAX_PER_SESSION) -> None:
         self.files = files
         self.models = models
+        self.max_storages = max_storages
         self.by_name: dict[str, EmbeddedStorage] = {}
         self._other_names = other_names
 
@@ -456,10 +458,11 @@ class SessionEmbedded:
         if name in self._other_names():
             raise TryllError(ErrorCode.StorageNameInUse,
                              f"{name!r} names a string storage of this session")
-        if len(self.by_name) >= MAX_PER_SESSION:
+        if len(self.by_name) >= self.max_storages:
             raise TryllError(ErrorCode.SessionLimitReached,
                              f"the session holds {len(self.by_name)} embedded string "
-                             f"storages, the most one session may ({MAX_PER_SESSION})")
+                             f"storages, the most session.max_embedded_storages allows "
+                             f"({self.max_storages}); destroy one first")
         strings = list(req.strings)
         if req.config_path and strings:
             raise bad("config_path", "give config_path or strings, not both")

@@ -54,7 +54,7 @@ from tryll_fast.knowledge.strings import check_name
 
 log = logging.getLogger("tryll_fast.knowledge")
 
-MAX_STORES = 64                  # per session
+MAX_STORES = 64                  # per session: session.max_mutable_kbs's default
 MAX_RECORDS = 200_000            # live records per store
 MAX_SESSION_BYTES = 512 * 1024 * 1024   # texts, metadata, vectors and indexes of a session
 MAX_ID_CHARS = 256
@@ -922,8 +922,9 @@ def parse_file(data: bytes, shown: str) -> list[Parsed]:
 class SessionMemory:
     """A session's mutable knowledge bases by name."""
 
-    def __init__(self, models) -> None:
+    def __init__(self, models, *, max_stores: int = MAX_STORES) -> None:
         self.models = models
+        self.max_stores = max_stores
         self.stores: dict[str, MutableKb] = {}
         self._lock = threading.Lock()
 
@@ -956,10 +957,10 @@ class SessionMemory:
                                      f"mutable KB {name!r} exists with another schema: "
                                      + "; ".join(diff))
                 return kb, False
-            if len(self.stores) >= MAX_STORES:
+            if len(self.stores) >= self.max_stores:
                 raise TryllError(ErrorCode.MutableKbLimitExceeded,
                                  f"the session holds {len(self.stores)} mutable KBs, the "
-                                 f"most one session may ({MAX_STORES})")
+                                 f"most session.max_mutable_kbs allows ({self.max_stores})")
         lease = self._lease(schema.embedding_model)
         kb = MutableKb(name, schema, lease.obj, lease)
         with self._lock:
@@ -1008,10 +1009,10 @@ class SessionMemory:
 
     def put(self, kb: MutableKb) -> None:
         with self._lock:
-            if kb.name not in self.stores and len(self.stores) >= MAX_STORES:
+            if kb.name not in self.stores and len(self.stores) >= self.max_stores:
                 raise TryllError(ErrorCode.MutableKbLimitExceeded,
                                  f"the session holds {len(self.stores)} mutable KBs, the "
-                                 f"most one session may ({MAX_STORES})")
+                                 f"most session.max_mutable_kbs allows ({self.max_stores})")
             self.stores[kb.name] = kb
 
     def clear(self) -> None:

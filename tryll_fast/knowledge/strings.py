@@ -31,7 +31,9 @@ MAX_ENTRIES = 100_000
 MAX_VALUE_CHARS = 65_536
 MAX_FILE_BYTES = 16 << 20
 FILE_CACHE_ENTRIES = 64
-MAX_PER_SESSION = 1024          # storages one session may hold (a runaway client's bound)
+# a runaway client's bounds (the server's session.max_string_storages and
+# session.max_string_storage_chars; these are their defaults)
+MAX_PER_SESSION = 1024          # storages one session may hold
 MAX_SESSION_CHARS = 64 << 20    # characters of all of them together
 
 
@@ -277,8 +279,12 @@ class StorageFiles:
 class SessionStorages:
     """A session's named string storages (CreateStringStorage pins one, Destroy unpins)."""
 
-    def __init__(self, files: StorageFiles, other_names=lambda: ()) -> None:
+    def __init__(self, files: StorageFiles, other_names=lambda: (), *,
+                 max_storages: int = MAX_PER_SESSION,
+                 max_chars: int = MAX_SESSION_CHARS) -> None:
         self.files = files
+        self.max_storages = max_storages
+        self.max_chars = max_chars
         self.by_name: dict[str, StringStorage] = {}
         # names held by the session's other storages (embedded): 7004 when reused
         self._other_names = other_names
@@ -292,10 +298,11 @@ class SessionStorages:
         if name in self._other_names():
             raise TryllError(ErrorCode.StorageNameInUse,
                              f"{name!r} names an embedded string storage of this session")
-        if len(self.by_name) >= MAX_PER_SESSION:
+        if len(self.by_name) >= self.max_storages:
             raise TryllError(ErrorCode.SessionLimitReached,
                              f"the session holds {len(self.by_name)} string storages, the "
-                             f"most one session may ({MAX_PER_SESSION}); destroy one first")
+                             f"most session.max_string_storages allows ({self.max_storages}); "
+                             "destroy one first")
         if req.file_path and (req.strings or req.keys):
             raise _bad("file_path", "give strings (and keys) or file_path, not both")
         if req.file_path:
@@ -305,10 +312,11 @@ class SessionStorages:
         else:
             made = from_inline(name, req.kind, req.strings, req.keys)
         held = sum(st.chars for st in self.by_name.values())
-        if held + made.chars > MAX_SESSION_CHARS:
+        if held + made.chars > self.max_chars:
             raise TryllError(ErrorCode.SessionLimitReached,
                              f"{made.chars} characters; the session's string storages hold "
-                             f"{held} and may hold {MAX_SESSION_CHARS} in all")
+                             f"{held} and session.max_string_storage_chars allows "
+                             f"{self.max_chars} in all")
         self.by_name[name] = made
         return made
 

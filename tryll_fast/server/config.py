@@ -198,6 +198,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("session.max_voice_inputs", "int", 64,
             "voice inputs one session may hold at once (CreateVoiceInput beyond it: 2008)",
             minimum=1),
+    Setting("session.max_string_storages", "int", 1024,
+            "string storages one session may hold at once (CreateStringStorage beyond "
+            "it: 2008)", minimum=1),
+    Setting("session.max_string_storage_chars", "int", 64 << 20,
+            "characters all of one session's string storages may hold together (a "
+            "CreateStringStorage that would pass it: 2008)", minimum=1),
+    Setting("session.max_embedded_storages", "int", 64,
+            "embedded string storages one session may hold at once "
+            "(CreateEmbeddedStringStorage beyond it: 2008)", minimum=1),
+    Setting("session.max_mutable_kbs", "int", 64,
+            "mutable knowledge bases one session may hold at once (EnsureMutableKb or "
+            "LoadGameMemory beyond it: 8105 MutableKbLimitExceeded)", minimum=1),
     Setting("workflow.max_agents_per_session", "int", 256,
             "agents one session may hold at once (CreateAgent beyond it: 2008)", minimum=1),
     Setting("workflow.tool_call_pause_timeout_ms", "int", 0,
@@ -298,6 +310,10 @@ class ServerConfig:
     session_lane_cpu_share: float
     session_lane_cpu_burst_ms: int
     session_max_voice_inputs: int
+    session_max_string_storages: int
+    session_max_string_storage_chars: int
+    session_max_embedded_storages: int
+    session_max_mutable_kbs: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
     workflow_kv_evict_tier: str

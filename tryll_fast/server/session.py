@@ -181,11 +181,16 @@ class Session:
         self.destroyed_agents: set[int] = set()    # for 3002 (vs 3001 for unknown ids)
         self.voice_inputs: dict[int, Any] = {}     # voice_input_id -> VoiceInput
         # string and embedded string storages share the session's names (7004 across them)
+        cfg = server.config
         self.strings = SessionStorages(server.storage_files,
-                                       other_names=lambda: self.embedded.by_name)
+                                       other_names=lambda: self.embedded.by_name,
+                                       max_storages=cfg.session_max_string_storages,
+                                       max_chars=cfg.session_max_string_storage_chars)
         self.embedded = SessionEmbedded(server.store_files, server.models,
-                                        other_names=lambda: self.strings.by_name)
-        self.memory = SessionMemory(server.models)   # mutable knowledge bases
+                                        other_names=lambda: self.strings.by_name,
+                                        max_storages=cfg.session_max_embedded_storages)
+        self.memory = SessionMemory(server.models,      # mutable knowledge bases
+                                    max_stores=cfg.session_max_mutable_kbs)
         self.operations: set[Operation] = set()
         self._lock = threading.Lock()
         # callback -> how many registrations want it (one engine serves many turns)

@@ -196,10 +196,11 @@ def load_game_memory(session, req):
                                   ErrorCode.GameMemoryFileNotFound,
                                   ErrorCode.InvalidMutableKbSnapshot)
         parsed = mutable.parse_file(data, f"game-memory file {req.save_id!r}")
-        if len(parsed) > mutable.MAX_STORES:
+        cap = session.memory.max_stores
+        if len(parsed) > cap:
             raise TryllError(ErrorCode.MutableKbLimitExceeded,
                              f"the file holds {len(parsed)} stores; a session holds at most "
-                             f"{mutable.MAX_STORES}")
+                             f"{cap} (session.max_mutable_kbs)")
         warnings: list[str] = []
         now = timing == codec.EmbedTiming.Now
         built = [session.memory.build(p, now, warnings) for p in parsed]
