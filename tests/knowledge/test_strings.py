@@ -14,6 +14,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.knowledge import Kind, SessionStorages, StorageFiles, from_file, from_inline
 from tryll_fast.knowledge.strings import MAX_NAME_CHARS, localized_path
+from tryll_fast.server.config import SETTINGS_BY_KEY
 
 Strategy = codec.CannedResponseSelectionStrategy
 
@@ -108,9 +109,18 @@ def test_the_file_cache_reads_an_edited_file_again(tmp_path):
     assert files.load("a.txt", "", "test").values == ("one", "two")
 
 
+MAX_PER_SESSION = SETTINGS_BY_KEY["session.max_string_storages"].default_value()
+
+
+def session_storages(tmp_path, **kw) -> SessionStorages:
+    """With the server's default caps."""
+    return SessionStorages(StorageFiles(tmp_path), max_storages=MAX_PER_SESSION,
+                           max_chars=SETTINGS_BY_KEY["session.max_string_storage_chars"]
+                           .default_value(), **kw)
+
+
 def test_a_session_holds_a_bounded_number_of_storages(tmp_path):
-    from tryll_fast.knowledge.strings import MAX_PER_SESSION
-    storages = SessionStorages(StorageFiles(tmp_path))
+    storages = session_storages(tmp_path)
     for i in range(MAX_PER_SESSION):
         storages.create(codec.CreateStringStorageRequest(name=f"s{i}", strings=["x"]), "")
     code, message = code_of(lambda: storages.create(
@@ -121,7 +131,7 @@ def test_a_session_holds_a_bounded_number_of_storages(tmp_path):
 
 
 def test_a_name_an_embedded_storage_holds_is_7004(tmp_path):
-    storages = SessionStorages(StorageFiles(tmp_path), other_names=lambda: {"lore"})
+    storages = session_storages(tmp_path, other_names=lambda: {"lore"})
     req = codec.CreateStringStorageRequest(name="lore", strings=["x"])
     assert code_of(lambda: storages.create(req, ""))[0] == ErrorCode.StorageNameInUse
 

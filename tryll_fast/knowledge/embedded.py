@@ -40,7 +40,6 @@ log = logging.getLogger("tryll_fast.knowledge")
 MAX_RECORDS = 200_000
 MAX_TEXT_CHARS = 64 * 1024
 MAX_FILE_BYTES = 256 * 1024 * 1024
-MAX_PER_SESSION = 64
 FILE_CACHE_ENTRIES = 16
 INDEX_FORMAT = 1
 BUILD_THREADS = 2
@@ -439,10 +438,11 @@ def lease_embedder(models, model: str, where: str):
 
 
 class SessionEmbedded:
-    """A session's named embedded storages (Create pins one, Destroy unpins it)."""
+    """A session's named embedded storages (Create pins one, Destroy unpins it); at most
+    max_storages (the server's session.max_embedded_storages)."""
 
     def __init__(self, files: StoreFiles, models, other_names=lambda: (), *,
-                 max_storages: int = MAX_PER_SESSION) -> None:
+                 max_storages: int) -> None:
         self.files = files
         self.models = models
         self.max_storages = max_storages

@@ -54,7 +54,6 @@ from tryll_fast.knowledge.strings import check_name
 
 log = logging.getLogger("tryll_fast.knowledge")
 
-MAX_STORES = 64                  # per session: session.max_mutable_kbs's default
 MAX_RECORDS = 200_000            # live records per store
 MAX_SESSION_BYTES = 512 * 1024 * 1024   # texts, metadata, vectors and indexes of a session
 MAX_ID_CHARS = 256
@@ -920,9 +919,10 @@ def parse_file(data: bytes, shown: str) -> list[Parsed]:
 # ---- the session's stores
 
 class SessionMemory:
-    """A session's mutable knowledge bases by name."""
+    """A session's mutable knowledge bases by name; at most max_stores (the server's
+    session.max_mutable_kbs)."""
 
-    def __init__(self, models, *, max_stores: int = MAX_STORES) -> None:
+    def __init__(self, models, *, max_stores: int) -> None:
         self.models = models
         self.max_stores = max_stores
         self.stores: dict[str, MutableKb] = {}

@@ -31,10 +31,6 @@ MAX_ENTRIES = 100_000
 MAX_VALUE_CHARS = 65_536
 MAX_FILE_BYTES = 16 << 20
 FILE_CACHE_ENTRIES = 64
-# a runaway client's bounds (the server's session.max_string_storages and
-# session.max_string_storage_chars; these are their defaults)
-MAX_PER_SESSION = 1024          # storages one session may hold
-MAX_SESSION_CHARS = 64 << 20    # characters of all of them together
 
 
 class Kind(enum.IntEnum):
@@ -277,11 +273,12 @@ class StorageFiles:
 
 
 class SessionStorages:
-    """A session's named string storages (CreateStringStorage pins one, Destroy unpins)."""
+    """A session's named string storages (CreateStringStorage pins one, Destroy unpins).
+    max_storages and max_chars are a runaway client's bounds: the server's
+    session.max_string_storages and session.max_string_storage_chars."""
 
     def __init__(self, files: StorageFiles, other_names=lambda: (), *,
-                 max_storages: int = MAX_PER_SESSION,
-                 max_chars: int = MAX_SESSION_CHARS) -> None:
+                 max_storages: int, max_chars: int) -> None:
         self.files = files
         self.max_storages = max_storages
         self.max_chars = max_chars
