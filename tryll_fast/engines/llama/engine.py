@@ -463,15 +463,17 @@ class LlamaEngine:
                     self._key_lane[r.key] = lane_key
         lane.sched.enqueue(r)
 
+    def _posted(self) -> bool:
+        """Another thread left something for the loop (under self._cv)."""
+        return bool(self._closing or self._commands or self._incoming or self._nudged)
+
     def _loop(self) -> None:
         idle_wait = None
         while True:
             with self._cv:
-                while not (self._closing or self._commands or self._incoming or self._nudged
-                           or (self._hold == 0 and self._has_work())):
+                while not (self._posted() or (self._hold == 0 and self._has_work())):
                     self._cv.wait()
-                if idle_wait and not (self._closing or self._commands or self._incoming
-                                      or self._nudged):
+                if idle_wait and not self._posted():
                     self._cv.wait(idle_wait)
                 if self._closing:
                     return
