@@ -8,14 +8,14 @@ The NPCs: the engine benchmark's villagers (benchmarks/engine_workload.py: Gemma
 the shared lore, 2 threads) asking their questions over and over, 64 greedy tokens a turn,
 with the engine's throttle set as SetInferenceThrottle sets it for every engine. The game:
 a separate process that, every frame, runs a fixed piece of work on the same device, a
-16-token decode of SmolLM2 through llama-cpp-python (one thread, as a game's render thread;
+4-token decode of SmolLM2 through llama-cpp-python (one thread, as a game's render thread;
 every layer on the GPU in the Vulkan build), then sleeps until its next frame. Its frame
 period is twice its median work time alone, so a frame whose work takes longer than the
 period is a frame the game missed. Each phase prints the game's work time (p50, p95) and
 missed frames, and the NPCs' generated tokens a second over the same window.
 
 Reported, not gated: what a throttle is worth is the trade the game's author chooses (the
-seed: "your game and the server share one GPU"). With no GPU the Vulkan device is lavapipe,
+game and the server are separate processes sharing one GPU). With no GPU the Vulkan device is lavapipe,
 the same CPU cores behind a software driver, so its figures show the path works, not what
 a card would do; the same command runs unchanged on a machine with one.
 
