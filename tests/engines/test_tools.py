@@ -144,6 +144,55 @@ def test_gbnf_for_three_tools_compiles_in_llama_cpp(smol_vocab, fmt, parallel):
     assert not _compiles(smol_vocab, "root ::= nope")  # the check can fail
 
 
+_TRIGGER_PROBE = """
+import ctypes, sys
+import llama_cpp.llama_cpp as C
+from llama_cpp import Llama
+sys.path.insert(0, sys.argv[2])
+from test_tools import TOOLS
+from tryll_fast.prompting.tools import GENERIC, HERMES, JSON_BARE, ToolSet
+llm = Llama(sys.argv[1], vocab_only=True, verbose=False)
+vocab = C.llama_model_get_vocab(llm._model.model)
+texts = ["{\\n", "{}", "{{", " {", "{ ", '{"', '{"name": "get_weather"', "{\\n\\n  ",
+         "<tool_call>", "<tool_call>\\n", "<tool_call>\\n\\n", "<tool_call>{}",
+         "Sure. <tool_call> {", "[laughs] {", "{%"]
+for fmt in (GENERIC, HERMES, JSON_BARE):
+    for parallel in (False, True):
+        g = ToolSet(TOOLS, fmt=fmt, parallel_tool_calls=parallel).grammar("CallOrAnswer")
+        for text in texts:
+            pats = (ctypes.c_char_p * len(g.trigger_patterns))(
+                *[p.encode() for p in g.trigger_patterns])
+            smpl = C.llama_sampler_init_grammar_lazy_patterns(
+                vocab, g.gbnf.encode(), b"root", pats, len(pats), None, 0)
+            # token by token as a sampler would: a token the (triggered) grammar masks
+            # out could never be sampled, so the text stops there
+            for tok in llm.tokenize(text.encode(), add_bos=False, special=True):
+                data = (C.llama_token_data * 1)(C.llama_token_data(tok, 0.0, 0.0))
+                arr = C.llama_token_data_array(data, 1, -1, False)
+                C.llama_sampler_apply(smpl, ctypes.byref(arr))
+                if data[0].logit == float("-inf"):
+                    break
+                C.llama_sampler_accept(smpl, tok)
+            C.llama_sampler_free(smpl)
+print("survived")
+"""
+
+
+@pytest.mark.model
+def test_no_first_token_of_a_lazy_call_can_abort_the_process(smollm2, tmp_path):
+    """llama.cpp feeds a lazy grammar the text from the trigger on and aborts the process
+    when the grammar rejects it: every trigger must stop where the grammar accepts."""
+    import os
+    import subprocess
+    import sys
+    probe = tmp_path / "probe.py"
+    probe.write_text(_TRIGGER_PROBE)
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, str(probe), str(smollm2), here],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-2000:]
+
+
 @pytest.mark.model
 def test_constrained_generation_yields_a_parseable_weather_call(smollm2):
     from llama_cpp import Llama, LlamaGrammar
@@ -278,6 +327,67 @@ def test_mistral_array_format():
                  '"id": "abc123xyz"}]')
     (c,) = r.calls
     assert c.model_id == "abc123xyz" and c.id == "c00000000"
+
+
+@pytest.mark.parametrize("fmt", [GENERIC, HERMES], ids=lambda f: f.name)
+@pytest.mark.parametrize("out", [
+    WEATHER,
+    "  " + WEATHER + "\n",
+    "Let me see. " + WEATHER,
+    "```json\n" + WEATHER + "\n```",
+    "Of course, let me look.\n```\n" + WEATHER + "\n```\nOne moment.",
+], ids=["bare", "bare-spaced", "after-prose", "fenced", "fenced-with-prose"])
+def test_a_call_written_without_the_marker_is_recognised(fmt, out):
+    r = ToolSet(TOOLS, fmt=fmt).parse(out)
+    assert not r.parse_fallback, r.failure
+    (c,) = r.calls
+    assert (c.name, c.arguments) == ("get_weather", {"city": "Paris"})
+    assert "{" not in r.text and "```" not in r.text
+
+
+def test_bare_parallel_calls_and_a_second_bare_call_without_parallel():
+    two = WEATHER + '\n{"name": "set_mood", "arguments": {"mood": "sad"}}'
+    r = ToolSet(TOOLS, fmt=HERMES, parallel_tool_calls=True).parse(two)
+    assert [c.name for c in r.calls] == ["get_weather", "set_mood"]
+    single = ToolSet(TOOLS, fmt=HERMES).parse(two)
+    assert single.failure.kind == "malformed_call" and single.prose == ""
+
+
+@pytest.mark.parametrize("out,prose", [
+    # a broken call attempt: only the prose before it may reach the player
+    ('Here you go! {"name": "give_item", "arguments": {"item": "axe", "count": 9}}',
+     "Here you go!"),
+    ('```json\n{"name": "give_item", "arguments": {"item": "axe"}}\n```', ""),
+    ('Sure. <tool_call>{"name": "cast_spell", "arguments": {}}</tool_call>', "Sure."),
+    ('{"name": "get_weather", "arguments": {"city": Paris}}', ""),
+])
+def test_prose_of_a_failed_call_never_holds_the_call(tools, out, prose):
+    r = tools.parse(out)
+    assert r.calls == () and r.failure.kind == "malformed_call" and r.prose == prose
+
+
+@pytest.mark.parametrize("out", [
+    "```python\nprint('hello')\n```",
+    '{"mood": "happy"} is how I feel.',
+    "[laughs] Welcome, traveller!",
+])
+def test_json_or_code_that_names_no_call_is_prose(tools, out):
+    r = tools.parse(out)
+    assert r.failure.kind == "no_call" and r.prose == out.strip() and r.calls == ()
+
+
+def test_lazy_grammar_triggers_on_the_marker_and_on_a_leading_brace():
+    import re
+    g = ToolSet(TOOLS, fmt=HERMES).grammar("CallOrAnswer")
+    assert "bare-calls" in g.gbnf and g.gbnf.rstrip().endswith("root ::= calls | bare-calls")
+    pats = [re.compile(p) for p in g.trigger_patterns]
+
+    def fires(text):
+        return [m.start(1) for p in pats if (m := p.fullmatch(text))]
+    assert fires('  {"name"') == [2]
+    assert fires("Well, <tool_call>{") == [6]
+    assert fires("I'd say {this} is fine") == [] and fires("[smiles] Hello") == []
+    assert ToolSet(TOOLS, fmt=HERMES).grammar("RequireCall").trigger_patterns == ()
 
 
 def test_call_ids_count_per_node_execution(tools):

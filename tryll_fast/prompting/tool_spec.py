@@ -236,6 +236,9 @@ class ToolParseResult:
     calls: tuple[ToolCall, ...]
     text: str                       # plain content (the raw output on failure)
     failure: ParseFailure | None = None
+    # on failure, what may reach the player: the output before its first call attempt
+    # (all of it when there is none), so a broken call is never shown or spoken
+    prose: str | None = None
 
     @property
     def parse_fallback(self) -> bool:

@@ -59,6 +59,29 @@ __all__ = [
 ]
 
 
+_GAP_RULE = '| " " | "\\n"'
+# Lazy-grammar triggers. llama.cpp matches a pattern against all the text generated so far
+# (anywhere in it, or the whole of it when the pattern is ^...$) and, on a match, feeds
+# the grammar everything from the first group to the end, inside the sampler: text there
+# the grammar rejects throws through its C API and aborts the process. So each pattern
+# matches the whole text and ends where the grammar is sure to accept what came: the
+# marker, then whitespace and the opening of a call, `{"name"` at most. A token running
+# past that ("{\n\n", "{}") does not trigger; the call is then read leniently by the
+# parser.
+_GAP = r"(?: |\n)?"
+_OPENING = r'\{ ?(?:"(?:n(?:a(?:m(?:e"?)?)?)?)?)?'
+# A fenced code block whose body starts with JSON: group end = where the JSON starts.
+_FENCE = re.compile(r"```[ \t]*(?:json|tool_call|tool_code|JSON)?[ \t]*\n?[ \t]*(?=[{\[])")
+_NAMED = re.compile(r'[\[\s]*\{\s*"name"\s*:\s*"')
+_CALL_OBJECT = re.compile(r'\{\s*"name"\s*:\s*"')
+
+
+def _names_a_call(out: str, at: int) -> bool:
+    """The JSON at `at` opens like a call: an object (or an array of them) whose first
+    key is "name" with a string value."""
+    return _NAMED.match(out, at) is not None
+
+
 # --------------------------------------------------------------------------- the tool set
 
 class ToolSet:
@@ -146,30 +169,44 @@ class ToolSet:
         conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
                                raw_pattern=False)
         conv.visit(conv.resolve_refs(schema, "tools"), "call-payload")
+        # one call object alone: what a bare call opening the reply is held to
+        conv.visit(conv.resolve_refs(self.call_schema(), "tools"), "call-object")
         body = conv.format_grammar()
         fmt = self.format
         lit = conv._format_literal
         block = "call-payload"
         if fmt.open_marker:
-            block = f"{lit(fmt.open_marker)} space call-payload space"
+            block = f"{lit(fmt.open_marker)} gap call-payload gap"
             if fmt.close_marker:
                 block += f" {lit(fmt.close_marker)}"
-        rules = [body, f"call-block ::= {block}"]
+        # around the markers a line break, as the models write it ("<tool_call>\n{...}\n
+        # </tool_call>"); inside the JSON one space at most, so no budget goes to indents
+        rules = [body, f"call-block ::= {block}", f"gap ::= {_GAP_RULE}"]
         if self.parallel and fmt.blocks_for_parallel:
-            rules.append("calls ::= call-block (space call-block)*")
+            rules.append("calls ::= call-block (gap call-block)*")
         else:
             rules.append("calls ::= call-block")
-        gbnf = "\n".join(rules + ["root ::= calls"]) + "\n"
+        lazy = mode != "require_call"
+        root = "root ::= calls"
+        if lazy and (fmt.open_marker or schema.get("type") == "array"):
+            # a model that opens its reply with the call's JSON, markerless (the small Qwen
+            # models do under CallOrAnswer), is held to the call's grammar from its "{"
+            rules.append("bare-calls ::= call-object" + (
+                " (gap call-object)*" if self.parallel else ""))
+            root = "root ::= calls | bare-calls"
+        gbnf = "\n".join(rules + [root]) + "\n"
         first = (fmt.open_marker or "{")[0]
         first_class = "[^" + ("\\" if first in "]^-\\" else "") + first + "]"
         eager = "\n".join(rules + [f"prose ::= {first_class} [^\\x00]*",
                                    "root ::= calls | prose"]) + "\n"
+        # not "[": prose may open with "[laughs]"
+        leading = r"^\s*(" + _OPENING + r")$"
         if fmt.open_marker:
-            trigger = r"[\s\S]*?(" + re.escape(fmt.open_marker) + r")[\s\S]*"
+            triggers = (r"^[\s\S]*?(" + re.escape(fmt.open_marker) + _GAP + "(?:" + _OPENING
+                        + r")?)$", leading)
         else:
-            trigger = r"\s*(\{)[\s\S]*"
-        lazy = mode != "require_call"
-        return ToolGrammar(gbnf=gbnf, lazy=lazy, trigger_patterns=(trigger,) if lazy else (),
+            triggers = (leading,)
+        return ToolGrammar(gbnf=gbnf, lazy=lazy, trigger_patterns=triggers if lazy else (),
                            eager_gbnf=eager, schema=schema)
 
     # ---- parser
@@ -183,7 +220,8 @@ class ToolSet:
             content, raw_calls = self._parse(output)
         except _Fail as f:
             return ToolParseResult(calls=(), text=output,
-                                   failure=_failure(output, f.kind, f.reason, f.pos))
+                                   failure=_failure(output, f.kind, f.reason, f.pos),
+                                   prose=output[:self._call_start(output)].strip())
         ids = ids or CallIds()
         calls = tuple(ToolCall(name=n, arguments_json=aj, arguments=a, id=ids.next(),
                                model_id=mid) for n, aj, a, mid in raw_calls)
@@ -208,7 +246,11 @@ class ToolSet:
             return rest, calls
         m = out.find(fmt.open_marker)
         if m < 0:
-            raise _Fail("no_call", f"no tool-call marker {fmt.open_marker!r} in the output", 0)
+            found = self._unmarked(out)
+            if found is None:
+                raise _Fail("no_call", f"no tool-call marker {fmt.open_marker!r} in the "
+                            "output", 0)
+            return found
         content = out[:m]
         calls = []
         pos = m
@@ -241,6 +283,58 @@ class ToolSet:
         if trailing:
             content = (content.rstrip() + "\n" + trailing).strip() if content.strip() else trailing
         return content.strip(), calls
+
+    def _call_start(self, out: str) -> int:
+        """Where the first call attempt in `out` begins (len(out) when there is none): the
+        marker, a JSON call opening the output, or a fenced block holding one."""
+        at = [len(out)]
+        if self.format.open_marker:
+            m = out.find(self.format.open_marker)
+            if m >= 0:
+                at.append(m)
+        start = _skip_ws(out, 0)
+        if start < len(out) and out[start] in "{[" and _names_a_call(out, start):
+            at.append(start)
+        at += [f.start() for f in _FENCE.finditer(out) if _names_a_call(out, f.end())]
+        at += [m.start() for m in _CALL_OBJECT.finditer(out)]
+        return min(at)
+
+    def _unmarked(self, out: str) -> tuple[str, list] | None:
+        """A call written without the marker: a JSON call opening the output, or one in a
+        fenced block (```json ... ```). Small models do both when the lazy grammar never
+        saw its marker. None when no JSON there names a call; a JSON object that does
+        ("name" as a string) is read strictly from then on, so a broken one is a
+        malformed_call and never reaches the player as prose."""
+        start = _skip_ws(out, 0)
+        spans = []
+        if start < len(out) and out[start] in "{[":
+            spans.append((start, start, None))
+        for fence in _FENCE.finditer(out):
+            spans.append((fence.start(), fence.end(), fence))
+        # after a sentence ("Sure! {"name": ...}"): an object whose first key is "name"
+        spans += [(m.start(), m.start(), None) for m in _CALL_OBJECT.finditer(out)]
+        for begin, j, fence in sorted(spans, key=lambda span: span[0]):
+            if not _names_a_call(out, j):
+                continue
+            value, end = _decode(out, j)
+            items = self._payload_items(out, value, j, end, first_block=True)
+            calls = [self._validate(out, *it) for it in items]
+            nxt = _skip_ws(out, end)
+            while nxt < len(out) and _names_a_call(out, nxt):    # {...} {...}: parallel
+                if not self.parallel:
+                    raise _Fail("malformed_call", "a second call while parallel_tool_calls "
+                                "is false", nxt)
+                value, end = _decode(out, nxt)
+                calls += [self._validate(out, *it)
+                          for it in self._payload_items(out, value, nxt, end, False)]
+                nxt = _skip_ws(out, end)
+            stop = end
+            if fence is not None:
+                close = out.find("```", end)
+                stop = close + 3 if close >= 0 else len(out)
+            content = (out[:begin].strip() + "\n" + out[stop:].strip()).strip()
+            return content, calls
+        return None
 
     def _payload_items(self, out: str, value: Any, start: int, end: int,
                        first_block: bool) -> list[tuple[Any, int, int]]:

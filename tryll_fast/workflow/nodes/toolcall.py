@@ -23,7 +23,9 @@ per call, before the turn goes on. Every call is recorded in the interaction eit
 (state detected / notified / resolved); "omitted" means it is not projected into prompts.
 No call: exit no_tool_called; under CallOrAnswer the text is the answer (one Whole chunk
 once the output is known not to be a call, and the reply in the dialog); DetectOnly and
-RequireCall drop it.
+RequireCall drop it. A call is recognised in the model's native form (the marker), as
+plain JSON opening the reply or in a fenced block; a call attempt that does not parse is
+never the answer: only the prose before it is (prompting/tools.py).
 """
 from __future__ import annotations
 
@@ -116,9 +118,12 @@ class ToolCallNode(NodeType):
         turn.note(node, parameters=_parameters(x, ts, p, spec), output=result.diagnostics(),
                   grammar={"lazy": mode != "require_call", "format": ts.format.name})
         if not result.calls:
-            if mode == "call_or_answer" and result.text:
-                turn.send_whole(node.name, result.text)
-                turn.add_reply(node, result.text)
+            # a call the parser could not read is not an answer: only the prose before it
+            # reaches the player (ToolParseResult.prose)
+            answer = result.prose if result.prose is not None else result.text
+            if mode == "call_or_answer" and answer:
+                turn.send_whole(node.name, answer)
+                turn.add_reply(node, answer)
             return "no_tool_called"
         projected = disposition in ACKNOWLEDGES or disposition == Disp.AwaitResult
         awaiting = []
