@@ -88,3 +88,61 @@ def test_pieces_do_not_change_the_chunks_and_nothing_is_lost(text, pieces, min_c
     assert all(c == c.strip() and c for c in whole)
     assert all(len(c) >= min_chars for c in whole[:-1] if len(c) < MAX_CHUNK_CHARS
                and not (first and c is whole[0]))
+
+
+# ---- replies the token budget cut off end at their last complete sentence
+
+def test_complete_sentences_cut_after_the_last_finished_sentence():
+    from tryll_fast.workflow.sentences import complete_sentences, sentence_end
+    cut = "Welcome to the Pony! Rooms are 2 silver. Well, I reckon the"
+    assert complete_sentences(cut) == "Welcome to the Pony! Rooms are 2 silver."
+    assert complete_sentences("It costs 3.5 coins. Mr. Reed is") == "It costs 3.5 coins."
+    assert complete_sentences("A whole reply.") == "A whole reply."
+    assert complete_sentences("one long clause with no end") == "one long clause with no end"
+    assert sentence_end("It costs 3.", final=False) == 0      # "3." may be "3.5"
+    assert sentence_end("It costs 3.") == len("It costs 3.")
+
+
+def test_splitter_drops_the_unfinished_sentence_of_a_cut_reply():
+    s = SentenceSplitter(min_sentence_chars=12)
+    spoken = s.feed("Welcome, traveller! Sit by the fire. Ale? Well, I reckon the")
+    assert spoken == ["Welcome, traveller!", "Sit by the fire."]
+    assert s.flush(complete_only=True) == ["Ale?"]         # short, waiting for a merge
+    s = SentenceSplitter(min_sentence_chars=12)
+    s.feed("Welcome, traveller! Sit by the fire. Ale? Well, I reckon the")
+    assert s.flush() == ["Ale? Well, I reckon the"]
+
+
+class _Sink:
+    def __init__(self):
+        self.chunks = []
+
+    def feed(self, text):
+        self.chunks.append(text)
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=40), st.integers(2, 60),
+       st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_tail_guard_streams_what_the_dialog_keeps(pieces, max_tokens, cut):
+    """Whatever the chunking, the text streamed equals the text kept: all of it when the
+    reply ended on its own, up to the last full sentence when the budget cut it (unless
+    that sentence began before half the budget, whose chunks went out at once)."""
+    from tryll_fast.workflow.sentences import TailGuard, complete_sentences
+    text = "Hello there, friend! The rye is 3.5 copper. Tomas Reed... he is away. Well, I"
+    sink = _Sink()
+    guard = TailGuard(sink, max_tokens)
+    i = early = 0
+    for k, n in enumerate(pieces):
+        before = len(sink.chunks)
+        guard.feed(text[i:i + n])
+        if k < max_tokens // 2 and text[i:i + n]:
+            assert len(sink.chunks) == before + 1       # passed at once
+            early = min(i + n, len(text))
+        i += n
+    guard.feed(text[i:])
+    if len(pieces) < max_tokens // 2:
+        early = len(text)
+    guard.finish(cut)
+    expected = text[:max(len(complete_sentences(text)), early)] if cut else text
+    assert "".join(sink.chunks) == expected

@@ -84,6 +84,32 @@ def test_whole_and_none(w):
     assert debug(second)["nodes"][0]["prompt"].count("<|im_start|>assistant") == 2
 
 
+def _kept_reply(w, aid) -> str:
+    r = w.request(codec.ExportDialogRequest(request_id=w.rid(), agent_id=aid))
+    root = codec.decode_root(codec.PersistedDialogSnapshot, bytes(r.snapshot)).to_dict()
+    return "".join(c["body"]["PersistedAssistantMessage"]["text"]
+                   for c in root["interactions"][-1]["components"]
+                   if "PersistedAssistantMessage" in c["body"])
+
+
+@pytest.mark.parametrize("send", [codec.SendMode.Streamed, codec.SendMode.Whole])
+def test_a_reply_its_budget_cuts_off_ends_at_its_last_sentence(w, send):
+    """SmolLM2 rambles past 40 tokens here: what is shown and what the dialog keeps end at
+    the last complete sentence, and they are the same text."""
+    ramble = "You are Brenna, the baker of Oakvale. You love to talk about your bakery."
+    aid = create(w, graph(node("answer", gen(max_tokens=40, system_prompt=ramble,
+                                             send=send))), enable_diagnostics=True)
+    frames = turn(w, aid, "Tell me everything about your bakery and your day, in detail.")
+    d = debug(frames)["nodes"][0]
+    assert d["finish_reason"] == "length" and frames[-1].tokens_generated == 40
+    assert d["cut_at_sentence"] > 0                      # a dangling sentence was dropped
+    shown = texts(frames)
+    assert shown == _kept_reply(w, aid) and shown.rstrip()[-1] in ".!?\u2026\"'"
+    if send == codec.SendMode.Whole:
+        [chunk] = answers(frames)
+        assert not chunk.is_delta and chunk.is_final
+
+
 def test_guardrail_routes_to_canned_or_generate(w):
     g = graph(
         node("guard", codec.HumanMessageGuardrailParams(

@@ -89,9 +89,12 @@ class SentenceSplitter:
         self.emitted += len(out)
         return out
 
-    def flush(self) -> list[str]:
-        """The rest of the text (the generation ended)."""
+    def flush(self, complete_only: bool = False) -> list[str]:
+        """The rest of the text (the generation ended). complete_only: the reply ran out
+        of tokens, so its unfinished last sentence is dropped, not spoken."""
         rest = self._buf
+        if complete_only:
+            rest = rest[:sentence_end(rest)]
         self._buf = ""
         self._scan = 0
         out = [s for s in (c.strip() for c in self._limited(rest, 0)) if s]
@@ -159,6 +162,77 @@ class SentenceSplitter:
             out.append(self._buf[:cut])
             self._buf = self._buf[cut:].lstrip()
             self._scan = 0
+
+
+def sentence_end(text: str, final: bool = True) -> int:
+    """Where the last complete sentence of `text` ends (0: none does): after a boundary
+    as the splitter finds them. final: the text is complete, so its end counts as
+    whitespace; otherwise a terminator at the very end waits for the next character
+    ("3." may be "3.5")."""
+    last = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            last = i + 1
+        elif c in _ENDS:
+            j = i + 1
+            while j < n and text[j] in _ENDS:
+                j += 1
+            while j < n and text[j] in _CLOSERS:
+                j += 1
+            if ((text[j].isspace() if j < n else final)
+                    and not (c == "." and _abbreviation(text, i))):
+                last = j
+            i = j - 1
+        i += 1
+    return last
+
+
+def complete_sentences(text: str) -> str:
+    """`text` up to its last complete sentence; all of it when no sentence ends in it
+    (a reply that is one unfinished sentence is still better shown than dropped)."""
+    end = sentence_end(text)
+    return text[:end].rstrip() if end else text
+
+
+class TailGuard:
+    """Holds a streamed reply's unfinished sentence back once the reply has used half its
+    token budget, so a reply the budget cuts off never shows its broken last sentence
+    (docs/workflow.md, "Replies that end like speech"). Before that point every chunk
+    passes at once: the first token costs nothing. Sits between the engine's on_text and
+    the node's AnswerStream, on the engine's thread."""
+
+    __slots__ = ("stream", "start_at", "held", "tokens", "text")
+
+    def __init__(self, stream, max_tokens: int) -> None:
+        self.stream = stream
+        self.start_at = max_tokens // 2
+        self.held = ""
+        self.tokens = 0
+        self.text = ""                  # everything fed
+
+    def feed(self, text: str) -> None:
+        self.tokens += 1                # one on_text call a sampled token (or fewer)
+        self.text += text
+        if self.tokens <= self.start_at and not self.held:
+            self.stream.feed(text)
+            return
+        held = self.held + text
+        end = sentence_end(held, final=False)
+        if end:
+            self.stream.feed(held[:end])
+            held = held[end:]
+        self.held = held
+
+    def finish(self, cut: bool) -> None:
+        """The generation ended: the held text goes out; when the budget cut the reply,
+        only as far as complete_sentences() keeps it in the dialog."""
+        sent = len(self.text) - len(self.held)
+        keep = complete_sentences(self.text) if cut else self.text
+        if len(keep) > sent:
+            self.stream.feed(keep[sent:])
+        self.held = ""
 
 
 def _abbreviation(buf: str, dot: int) -> bool:

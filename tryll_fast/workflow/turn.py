@@ -40,6 +40,7 @@ from tryll_fast.workflow._stream import AnswerStream
 from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
 from tryll_fast.workflow.projection import ProjectionError
+from tryll_fast.workflow.sentences import TailGuard, complete_sentences
 from tryll_fast.workflow.speech import SpeechStrand, TurnAudio
 
 log = logging.getLogger("tryll_fast.workflow")
@@ -298,22 +299,30 @@ class Turn:
         self.note(node, instruction=name, text=text)
 
     async def generate(self, node, spec, *, system_prompt: str, template_text: str,
-                       placement: int, input_slot: str, send: int, on_text=None) -> str:
-        """Run the node's model on its projection; stream per `send`; return the reply.
-        `on_text` also gets every chunk (on the engine's thread)."""
+                       placement: int, input_slot: str, send: int, on_text=None
+                       ) -> tuple[str, bool]:
+        """Run the node's model on its projection; stream per `send`; return the reply and
+        whether the token budget cut it. `on_text` also gets every chunk (on the engine's
+        thread). A cut reply ends at its last complete sentence: in the dialog, in the
+        Whole chunk, and in the stream (a TailGuard holds its unfinished sentence back)."""
         stream = (AnswerStream(self.conn, self.request_id, self.agent.id, node.name)
                   if send == Send.Streamed else None)
+        guard = TailGuard(stream, spec.max_tokens) if stream is not None else None
         handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
                                          template_text=template_text, placement=placement,
                                          input_slot=input_slot, stream=stream,
-                                         on_text=on_text)
-        text = handle.text
+                                         on_text=on_text, guard=guard)
+        cut = handle.finish_reason == "length"
+        text = complete_sentences(handle.text) if cut else handle.text
+        if self._diag is not None and cut:
+            self._diag["cut_at_sentence"] = len(handle.text) - len(text)
         if stream is not None:
+            guard.finish(cut)
             stream.finish()
             self.finals += 1
         elif send == Send.Whole:
             self.send_whole(node.name, text)
-        return text
+        return text, cut
 
     def _keep_template(self, node, template_text: str, placement: int) -> None:
         """The node's template message of this turn, for its later prompts (dialog.py)."""
@@ -330,7 +339,7 @@ class Turn:
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
                         tool_mode: str = "", grammar=None, on_text=None,
-                        max_history: int | None = None, score_tokens=None):
+                        max_history: int | None = None, score_tokens=None, guard=None):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
         ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
@@ -368,9 +377,12 @@ class Turn:
         def finished(handle) -> None:        # scheduler thread
             loop.call_soon_threadsafe(_settle, done, handle)
 
-        text_sink = stream.feed if stream is not None else None
+        # `guard` (a TailGuard) stands between the engine and the stream
+        feed = guard.feed if guard is not None else stream.feed if stream is not None \
+            else None
+        text_sink = feed
         if on_text is not None:
-            text_sink = on_text if stream is None else _both(stream.feed, on_text)
+            text_sink = on_text if feed is None else _both(feed, on_text)
         unregister = self.session.on_resume(engine.wake)
         t_submit = time.perf_counter()
         try:
@@ -396,6 +408,8 @@ class Turn:
             if toolset is not None:
                 self._diag["input"] = {"prompt": prompt.messages}
         if handle.finish_reason == "cancelled" or self.cancelled:
+            if guard is not None:
+                guard.finish(False)         # what the history keeps was all shown
             if stream is not None:
                 stream.finish()
                 self.finals += 1

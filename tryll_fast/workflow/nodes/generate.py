@@ -77,8 +77,8 @@ class GenerateNode(NodeType):
         spec = node.spec
         template = spec.extra["template"]
         rendered = template.render(turn.template_context()) if template else ""
-        text = await turn.generate(node, spec, system_prompt=p.system_prompt,
-                                   template_text=rendered, placement=int(p.placement),
-                                   input_slot=spec.extra["input"], send=int(p.send))
+        text, _cut = await turn.generate(node, spec, system_prompt=p.system_prompt,
+                                         template_text=rendered, placement=int(p.placement),
+                                         input_slot=spec.extra["input"], send=int(p.send))
         turn.add_reply(node, text)
         return "default"

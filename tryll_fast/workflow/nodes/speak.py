@@ -77,14 +77,16 @@ class GenerateAndSpeakNode(GenerateNode):
                 strand.add(speakable(sentence))
 
         try:
-            text = await turn.generate(node, spec, system_prompt=p.system_prompt,
-                                       template_text=rendered, placement=int(p.placement),
-                                       input_slot=spec.extra["input"], send=int(p.send),
-                                       on_text=on_text)
+            text, cut = await turn.generate(node, spec, system_prompt=p.system_prompt,
+                                            template_text=rendered,
+                                            placement=int(p.placement),
+                                            input_slot=spec.extra["input"],
+                                            send=int(p.send), on_text=on_text)
         except BaseException:
             strand.cancel()
             raise
-        for sentence in splitter.flush():
+        # a reply the token budget cut off is not spoken past its last full sentence
+        for sentence in splitter.flush(complete_only=cut):
             strand.add(speakable(sentence))
         strand.close()
         turn.add_reply(node, text)
