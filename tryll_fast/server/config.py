@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from tryll_fast.models.fetch import resolve_models_dir
+from tryll_fast.prompting.character import CHARACTER_FRAME
 
 ENV_PREFIX = "TRYLL_"
 ENV_CONFIG = "TRYLL_CONFIG"
@@ -181,6 +182,20 @@ SETTINGS: tuple[Setting, ...] = (
             maximum=16),
     Setting("models.preload", "list", (),
             "models to load and pin at startup (comma-separated in the environment)"),
+    Setting("workflow.default_llm", "str", "",
+            "the language model of a graph that names none (CreateAgent's "
+            "default_model_name and the node's model_name both empty), and of the example "
+            "pipeline agents; empty = the catalog's `default = true` one",
+            flag="--llm"),
+    Setting("workflow.character_frame", "str", lambda: CHARACTER_FRAME,
+            "text that opens the system message of every Generate and GenerateAndSpeak "
+            "node, before the node's own system_prompt: it keeps small models in character "
+            "(docs/npc-quality.md); empty = none"),
+    Setting("workflow.tool_prompt", "str", "template",
+            "how a ToolCall node describes its tools to the model: template (the chat "
+            "template's own tools section, where it has one) or own (the server's block in "
+            "the system message); docs/npc-quality.md has both measured",
+            choices=("template", "own")),
     Setting("workflow.max_steps_per_turn", "int", 64,
             "node runs per turn before it fails with 4001 \"Max steps per turn (N) exceeded\"",
             minimum=1, maximum=100_000),
@@ -305,6 +320,9 @@ class ServerConfig:
     workers_threads: int
     workers_max_downloads: int
     models_preload: tuple[str, ...]
+    workflow_default_llm: str
+    workflow_character_frame: str
+    workflow_tool_prompt: str
     workflow_max_steps_per_turn: int
     session_max_queued_requests: int
     session_lane_cpu_share: float
@@ -486,11 +504,13 @@ def describe(setting: Setting) -> str:
     default = setting.default
     if callable(default):
         shown = {"storage_root": "`$XDG_DATA_HOME/tryll_fast/storage`",
-                 "models_dir": "`$TRYLL_MODELS_DIR`, else `$XDG_DATA_HOME/tryll_fast/models`"
+                 "models_dir": "`$TRYLL_MODELS_DIR`, else `$XDG_DATA_HOME/tryll_fast/models`",
+                 "workflow.character_frame": "`CHARACTER_FRAME` of "
+                                             "`tryll_fast/prompting/character.py`",
                  }.get(setting.key, "computed")
     elif isinstance(default, bool):
         shown = f"`{str(default).lower()}`"
-    elif default in (None, ()):
+    elif default in (None, (), ""):
         shown = "empty"
     else:
         shown = f"`{default}`"

@@ -35,7 +35,7 @@ from tryll_fast.models import ModelManager, load_catalog
 from tryll_fast.models.catalog import ENGINE_WIRE_VALUES
 from tryll_fast.models.manager import DEFAULT_LOADERS
 from tryll_fast.server import memory
-from tryll_fast.server.config import ServerConfig
+from tryll_fast.server.config import ConfigError, ServerConfig
 from tryll_fast.server.dispatch import build_table
 from tryll_fast.server.logs import fields
 from tryll_fast.server.session import Operation, Session
@@ -103,6 +103,19 @@ class ThrottleBoard:
         return new
 
 
+def default_llm(catalog, name: str) -> str:
+    """The language model of graphs that name none: `name` (workflow.default_llm, checked
+    against the catalog), else the catalog's `default = true` one ("" when it has none)."""
+    if name:
+        entry = catalog.get(name)
+        if entry is None or entry.role != "llm":
+            known = ", ".join(e.name for e in catalog if e.role == "llm")
+            raise ConfigError("settings", "workflow.default_llm",
+                              f"{name!r} is not a language model of the catalog ({known})")
+        return name
+    return next((e.name for e in catalog.defaults() if e.role == "llm"), "")
+
+
 class Server:
     def __init__(self, config: ServerConfig, *, manager: ModelManager | None = None) -> None:
         self.config = config
@@ -115,6 +128,7 @@ class Server:
                                    engine_options=config.engine_options(), loaders=loaders)
         self.models = manager
         self.catalog = manager.catalog
+        self.default_llm = default_llm(self.catalog, config.workflow_default_llm)
         self.routes = build_table()
         self.workers = ThreadPoolExecutor(config.workers_threads,
                                           thread_name_prefix="tryll-worker")
@@ -123,6 +137,8 @@ class Server:
                                             thread_name_prefix="tryll-download")
         self.throttle = ThrottleBoard(self._apply_throttle)
         self.runtime = Runtime(self.models, self.workers, Limits(
+            character_frame=config.workflow_character_frame,
+            tool_prompt=config.workflow_tool_prompt,
             max_steps_per_turn=config.workflow_max_steps_per_turn,
             max_agents_per_session=config.workflow_max_agents_per_session,
             regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0,

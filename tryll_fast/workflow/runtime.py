@@ -21,6 +21,11 @@ log = logging.getLogger("tryll_fast.workflow")
 
 @dataclass(frozen=True)
 class Limits:
+    # what every character-speaking node's system message opens with (workflow.character_frame)
+    character_frame: str = ""
+    # how ToolCall nodes describe their tools: "template" (the chat template's own tools
+    # section, where it has one) or "own" (our block in the system message, same marker)
+    tool_prompt: str = "template"
     max_steps_per_turn: int = 64
     max_agents_per_session: int = 256
     regex_timeout_s: float = 0.05

@@ -35,6 +35,7 @@ from tryll_fast import codec
 from tryll_fast.engines.errors import EngineError
 from tryll_fast.engines.roles import SamplingParams
 from tryll_fast.errors import ErrorCode
+from tryll_fast.prompting.character import framed
 from tryll_fast.workflow import kv, templates
 from tryll_fast.workflow._stream import AnswerStream
 from tryll_fast.workflow.agent import Agent
@@ -224,6 +225,11 @@ class Turn:
                                  knowledge=self.knowledge, attributes=self.attributes,
                                  user_message=self.user_text)
 
+    def character(self, params) -> str:
+        """The system message of a node that speaks as the character: the server's
+        character frame, then the node's system_prompt (prompting/character.py)."""
+        return framed(self.agent.runtime.limits.character_frame, params.system_prompt)
+
     def slot(self, name: str) -> str:
         if name == USER_SLOT:
             return self.user_text
@@ -339,7 +345,8 @@ class Turn:
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
                         tool_mode: str = "", grammar=None, on_text=None,
-                        max_history: int | None = None, score_tokens=None, guard=None):
+                        max_history: int | None = None, score_tokens=None, guard=None,
+                        keep_template: bool = True):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
         ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
@@ -361,7 +368,8 @@ class Turn:
                                   n_ctx=spec.n_ctx, reserve=spec.max_tokens, tools=toolset,
                                   tool_mode=tool_mode, max_history=max_history)
         self._mark("projected")
-        self._keep_template(node, template_text, placement)
+        if keep_template:
+            self._keep_template(node, template_text, placement)
         stop = spec.stop if spec.stop is not None else tuple(
             dict.fromkeys(formatter.stop_strings + spec.extra["catalog_stop"]))
         extra = {}

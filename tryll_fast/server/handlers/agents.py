@@ -113,7 +113,9 @@ def _create(session, req):
     variables = Variables(req.variables)
     resolved: dict = {}
     linked: dict = {}
-    ctx = CompileContext(node_names=frozenset(), default_model=req.default_model_name,
+    # a graph that names no model gets the server's (workflow.default_llm)
+    default_model = req.default_model_name or server.default_llm
+    ctx = CompileContext(node_names=frozenset(), default_model=default_model,
                          variables=variables,
                          resolve_model=model_resolver(server, ErrorCode.GraphCompilationFailed,
                                                       resolved),
@@ -126,7 +128,7 @@ def _create(session, req):
     speaks = any(node.type.speaks for node in graph.nodes.values())
     voice = voice_checker(session)(req.voice, speaks)
     agent = Agent(server.new_agent_id(), session, server.runtime, graph, variables,
-                  default_model=req.default_model_name, diagnostics=req.enable_diagnostics,
+                  default_model=default_model, diagnostics=req.enable_diagnostics,
                   maintain_history=req.maintain_dialogue_history, workload=int(req.workload),
                   kv_init=int(req.kv_cache_initialization), voice=voice)
     agent.resolved_models = resolved

@@ -1,7 +1,8 @@
 """Generate: the language model on the projected dialog; appends the reply (docs/workflow.md).
 
 - model_name empty = the agent's default; context_size 0 = the model's window;
-- system_prompt pinned first; `template` (Mustache) rendered each run and placed by
+- system_prompt pinned first, after the server's character frame (prompting/character.py);
+  `template` (Mustache) rendered each run and placed by
   `placement` (in place of the user message, a user or system message before or after it,
   or the system prompt's end: docs/workflow.md);
 - `input` names the slot projected as the user turn (empty = the player's message, else a
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 from tryll_fast import codec
+from tryll_fast.prompting.character import framed
 from tryll_fast.workflow.dialog import USER_SLOT
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow import templates
@@ -69,15 +71,17 @@ class GenerateNode(NodeType):
             rendered = template.render(templates.context(
                 variables=agent.variables.template_view(), instructions=[],
                 locale=agent.session.locale, user_message=""))
-        return dict(system_prompt=p.system_prompt, template_text=rendered,
-                    placement=int(p.placement), input_slot=node.spec.extra["input"])
+        return dict(system_prompt=framed(agent.runtime.limits.character_frame,
+                                         p.system_prompt),
+                    template_text=rendered, placement=int(p.placement),
+                    input_slot=node.spec.extra["input"])
 
     async def run(self, turn, node: Node) -> str:
         p = node.params
         spec = node.spec
         template = spec.extra["template"]
         rendered = template.render(turn.template_context()) if template else ""
-        text, _cut = await turn.generate(node, spec, system_prompt=p.system_prompt,
+        text, _cut = await turn.generate(node, spec, system_prompt=turn.character(p),
                                          template_text=rendered, placement=int(p.placement),
                                          input_slot=spec.extra["input"], send=int(p.send))
         turn.add_reply(node, text)

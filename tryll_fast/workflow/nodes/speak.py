@@ -77,7 +77,7 @@ class GenerateAndSpeakNode(GenerateNode):
                 strand.add(speakable(sentence))
 
         try:
-            text, cut = await turn.generate(node, spec, system_prompt=p.system_prompt,
+            text, cut = await turn.generate(node, spec, system_prompt=turn.character(p),
                                             template_text=rendered,
                                             placement=int(p.placement),
                                             input_slot=spec.extra["input"],

@@ -30,7 +30,7 @@ never the answer: only the prose before it is (prompting/tools.py).
 from __future__ import annotations
 
 from tryll_fast import codec
-from tryll_fast.prompting.tools import CallIds, ToolSet, mode_name, normalize_tools
+from tryll_fast.prompting.tools import GENERIC, CallIds, ToolSet, mode_name, normalize_tools
 from tryll_fast.workflow.dialog import Component
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow.nodes.generate import check_slot
@@ -51,12 +51,16 @@ ACKNOWLEDGES = {Disp.Acknowledge, Disp.NotifyAndAcknowledge, Disp.PauseAndAcknow
 PAUSES = {Disp.Pause, Disp.PauseAndAcknowledge, Disp.AwaitResult}
 
 
-def _toolset(x: dict, formatter) -> ToolSet:
-    """The node's tools rendered for one model's chat format (built once per formatter)."""
-    ts = x["toolsets"].get(id(formatter))
+def _toolset(x: dict, formatter, tool_prompt: str = "template") -> ToolSet:
+    """The node's tools rendered for one model's chat format (built once per formatter):
+    through the template's tools section, or with tool_prompt "own" always in the
+    server's block (workflow.tool_prompt)."""
+    key = (id(formatter), tool_prompt)
+    ts = x["toolsets"].get(key)
     if ts is None:
-        ts = x["toolsets"][id(formatter)] = ToolSet(
-            x["specs"], formatter=formatter, parallel_tool_calls=x["parallel"])
+        fmt = GENERIC if tool_prompt == "own" else None
+        ts = x["toolsets"][key] = ToolSet(
+            x["specs"], formatter=formatter, fmt=fmt, parallel_tool_calls=x["parallel"])
     return ts
 
 
@@ -97,7 +101,8 @@ class ToolCallNode(NodeType):
     def prefix_args(self, agent, node: Node, formatter) -> dict:
         x = node.spec.extra
         return dict(system_prompt=node.params.system_prompt, input_slot=x["input"],
-                    tools=_toolset(x, formatter), tool_mode=x["mode"])
+                    tools=_toolset(x, formatter, agent.runtime.limits.tool_prompt),
+                    tool_mode=x["mode"])
 
     async def run(self, turn, node: Node) -> str:
         p = node.params
@@ -106,8 +111,10 @@ class ToolCallNode(NodeType):
         mode, disposition = x["mode"], x["disposition"]
 
         def toolset(formatter) -> ToolSet:
-            return _toolset(x, formatter)
+            return _toolset(x, formatter, turn.agent.runtime.limits.tool_prompt)
 
+        # no character frame here: it cost the small models tool-call accuracy
+        # (prompting/character.py)
         handle, ts = await turn.run_model(node, spec, system_prompt=p.system_prompt,
                                           input_slot=x["input"], tools=toolset,
                                           tool_mode=mode, grammar=lambda t: t.grammar(mode))
