@@ -6,6 +6,7 @@
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make bench-backends / make bench-share  the 8-NPC workload per build / a game beside it
+#   make eval    the NPC quality suite on each language model (docs/npc-quality.md)
 #   make fuzz    a longer atheris campaign on the codec
 #   make fuzz-server  mutated frames of every request type against a live server
 #   make soak / make flood  a careless workload / a million-frame flood, back to baseline
@@ -25,6 +26,9 @@ FUZZ_RUNS ?= 2000000
 # make serve: where models are fetched (shared with the tests' build/models) and extra flags
 MODELS_DIR ?= build/models
 SERVE_ARGS ?=
+# make serve LLM=Qwen2.5-Coder-1.5B-Instruct: another catalog language model for the
+# characters (fetched, then `--llm`); empty = the catalog's default one
+LLM ?=
 # make serve: the pipeline transport's agents (ws://127.0.0.1:9101/pipeline?agent=innkeeper)
 PIPELINE_CONFIG ?= tryll_fast/gateway/example.toml
 PYTEST_ARGS ?=
@@ -83,7 +87,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test test-gpu test-cuda bench bench-backends bench-share soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
+.PHONY: test test-gpu test-cuda bench bench-backends bench-share eval soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -209,6 +213,16 @@ bench: install $(LLAMA_SERVER)
 		--benchmark-json=benchmarks/results/latest.json $(PYTEST_ARGS)
 	$(PY) -m benchmarks.gates benchmarks/results/latest.json
 
+# The NPC quality suite (benchmarks/npc/): every case on every catalog language model, scored
+# with intervals, into benchmarks/results/npc_quality.json and docs/npc-quality.md. About an
+# hour on 2 cores for the three models; EVAL_ARGS="--models NAME" for one.
+EVAL_MODELS := SmolLM2-135M-Instruct Qwen2.5-Coder-0.5B-Instruct Qwen2.5-Coder-1.5B-Instruct \
+	all-MiniLM-L6-v2
+EVAL_ARGS ?=
+eval: install
+	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) --quiet $(EVAL_MODELS)
+	$(PY) -m benchmarks.npc $(EVAL_ARGS)
+
 # A mixed, careless workload against one server, then back to baseline (benchmarks/soak.py);
 # SOAK_MINUTES=N to change its length. make test runs a bounded one (tests/server/test_soak.py).
 SOAK_MINUTES ?= 10
@@ -248,9 +262,10 @@ profile-build: $(PY)
 	rm -f $(STAMP)
 
 serve: install
-	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR)
+	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) $(if $(LLM),&& \
+		$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) $(LLM))
 	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) \
-		--pipeline-config $(PIPELINE_CONFIG) $(SERVE_ARGS)
+		--pipeline-config $(PIPELINE_CONFIG) $(if $(LLM),--llm $(LLM)) $(SERVE_ARGS)
 
 clean:
 	rm -rf build $(VENV) $(GPU_VENV) $(CUDA_VENV) tryll_fast/*/*.so tryll_fast/*/*.c tryll_fast/*/*.cpp *.egg-info
