@@ -263,7 +263,6 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
 def _listen(client, args, stdout: TextIO) -> str:
     """Stream a .wav to a voice input at real-time pace; print the transcripts; return the
     UtteranceFinal text."""
-    import time
     import wave
     from tryll_fast import codec
     try:
@@ -282,13 +281,7 @@ def _listen(client, args, stdout: TextIO) -> str:
         f"[{kinds(kind).name}] {text}", file=stdout, flush=True)
         if kind != kinds.SegmentFinal or text else None)
     mic.begin(auto_finish_on_silence=False)
-    step = rate // 50 * 2 * channels                       # 20 ms a buffer
-    t0 = time.monotonic()
-    for k, i in enumerate(range(0, len(data), step)):
-        mic.feed(data[i:i + step])
-        delay = t0 + (k + 1) * 0.02 - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+    mic.feed_paced(data, rate, channels)
     mic.end()
     text = mic.wait_final()
     mic.destroy()

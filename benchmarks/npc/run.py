@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from benchmarks.npc.cases import Case, Recall, Suite
@@ -41,9 +41,10 @@ from tryll_fast.models import load_catalog
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(ROOT, "build", "models")
 SEED = 20261206
-# The server's settings for the suite: a window the recall conversations need, and room
-# for the cases' agents.
-SETTINGS = ("llama.max_n_ctx=8192", "llama.n_slots=8")
+# The server's settings for the suite: room for the cases' agents and a window the recall
+# conversations need. Not more cells than that: with one KV cache shared by every
+# conversation, each decode step attends over all the cells in use.
+SETTINGS = ("llama.max_n_ctx=4096", "llama.n_slots=8")
 _LLM_PARAMS = (codec.GenerateParams, codec.GenerateAndSpeakParams, codec.ToolCallParams,
                codec.SummarizeParams, codec.ClassifyIntentLLMParams,
                codec.ClassifyAttributesLLMParams)
@@ -258,7 +259,7 @@ class Runner:
         finally:
             copy.destroy()
 
-    def _settle_summary(self, agent, last: Turn | None, timeout: float = 900) -> None:
+    def _settle_summary(self, agent, last: Turn | None, timeout: float = 300) -> None:
         """A summary the last turn started or found running: wait until it has landed."""
         states = [n.get("summary") for n in (last.debug or {}).get("nodes", [])
                   if n.get("type") == "Summarize"] if last is not None else []

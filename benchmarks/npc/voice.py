@@ -108,12 +108,7 @@ def measure(model: str, clips: list[bytes], rounds: int) -> dict:
         for k in range(rounds + 1):               # round 0 warms the models up
             pcm = clips[k % len(clips)]
             mic.begin(auto_finish_on_silence=False)
-            t0 = time.monotonic()
-            for j, i in enumerate(range(0, len(pcm), 640)):
-                mic.feed(pcm[i:i + 640])
-                delay = t0 + (j + 1) * 0.02 - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
+            mic.feed_paced(pcm, 16000)
             first_audio.clear()
             t_end = time.perf_counter()
             mic.end()

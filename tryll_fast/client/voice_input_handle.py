@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from typing import Any, Callable
 
 from tryll_fast import codec
@@ -30,6 +31,17 @@ class VoiceInputBase:
         what the protocol expects."""
         self.client.send_frame(codec.encode(codec.AudioBuffer(voice_input_id=self.id,
                                                               pcm=pcm)))
+
+    def feed_paced(self, pcm: bytes, sample_rate: int, channels: int = 1) -> None:
+        """Feed recorded PCM as a microphone would: 20 ms AudioBuffers at real-time pace
+        (blocks for the audio's duration). For a .wav standing in for a player."""
+        step = sample_rate // 50 * 2 * channels
+        t0 = time.monotonic()
+        for k, i in enumerate(range(0, len(pcm), step)):
+            self.feed(pcm[i:i + step])
+            delay = t0 + (k + 1) * 0.02 - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
 
     def set_on_transcript(self, callback: Callable[[Any, str], None] | None) -> None:
         """callback(kind, text) per WireTranscriptUpdate: kind is a

@@ -63,11 +63,7 @@ class SentenceSplitter:
             if c == "\n":
                 end = i + 1
             elif c in _ENDS:
-                j = i + 1
-                while j < n and buf[j] in _ENDS:
-                    j += 1
-                while j < n and buf[j] in _CLOSERS:
-                    j += 1
+                j = _past_terminator(buf, i)
                 if j >= n:
                     break               # the next character decides; wait for it
                 if buf[j].isspace() and not (c == "." and _abbreviation(buf, i)):
@@ -176,11 +172,7 @@ def sentence_end(text: str, final: bool = True) -> int:
         if c == "\n":
             last = i + 1
         elif c in _ENDS:
-            j = i + 1
-            while j < n and text[j] in _ENDS:
-                j += 1
-            while j < n and text[j] in _CLOSERS:
-                j += 1
+            j = _past_terminator(text, i)
             if ((text[j].isspace() if j < n else final)
                     and not (c == "." and _abbreviation(text, i))):
                 last = j
@@ -233,6 +225,17 @@ class TailGuard:
         if len(keep) > sent:
             self.stream.feed(keep[sent:])
         self.held = ""
+
+
+def _past_terminator(text: str, i: int) -> int:
+    """Just past the terminator at text[i]: the run of terminators, then closing quotes and
+    brackets ("Really?!" or "...fine.")."""
+    j, n = i + 1, len(text)
+    while j < n and text[j] in _ENDS:
+        j += 1
+    while j < n and text[j] in _CLOSERS:
+        j += 1
+    return j
 
 
 def _abbreviation(buf: str, dot: int) -> bool:
