@@ -164,6 +164,27 @@ class Overhead:
                 self.pick.put(b, -self.pick.get(b))
 
 
+class Score(Overhead):
+    """value = a measured fraction (a pass rate of the NPC suite), gated `>=`. Swapping puts
+    the baseline's fraction in the same place (the model a user would otherwise run): a
+    gate that still passes then measures nothing the default model does."""
+    op = ">="
+
+    def __init__(self, name, pick, baseline, threshold):
+        super().__init__(name, pick, threshold)
+        self.baseline = baseline
+
+    def passes(self, value):
+        return value >= self.threshold
+
+    def swap(self, data):
+        ours, base = self.pick.entries(data), self.baseline.entries(data)
+        if len(ours) == 1 and len(base) == 1:
+            a, b = self.pick.get(ours[0]), self.baseline.get(base[0])
+            self.pick.put(ours[0], b)
+            self.baseline.put(base[0], a)
+
+
 def _codec(op, impl):
     return Pick(suite="codec", op=op, impl=impl)
 
@@ -244,6 +265,12 @@ GATES = [
              Pick("first_token_overhead_ms_p50", suite="workflow", case="single_agent"), 2.0),
     Overhead("workflow_token_sent_us",
              Pick("token_sent_us_p50", suite="workflow", case="single_agent"), 250.0),
+    Ratio("npc_quality_default_vs_smollm2",
+          Pick("score", suite="npc", case="quality", impl="default"),
+          Pick("score", suite="npc", case="quality", impl="smollm2"), 2.0),
+    Score("long_dialog_recall_turn300",
+          Pick("recall_t300", suite="npc", case="quality", impl="default"),
+          Pick("recall_t300", suite="npc", case="quality", impl="smollm2"), 0.8),
 ]
 
 

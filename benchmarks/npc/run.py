@@ -41,10 +41,12 @@ from tryll_fast.models import load_catalog
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(ROOT, "build", "models")
 SEED = 20261206
-# The server's settings for the suite: room for the cases' agents and a window the recall
-# conversations need. Not more cells than that: with one KV cache shared by every
-# conversation, each decode step attends over all the cells in use.
-SETTINGS = ("llama.max_n_ctx=4096", "llama.n_slots=8")
+# The server's settings for the suite: one KV cache of 8192 cells shared by every
+# conversation, room for four workers' tool prompts (about 1000 tokens each) beside a
+# recall conversation's 2048-token window and its summary. With 4096 the engine ran out of
+# cells while the recall ran and failed a third of the tool cases ("KV cache full"),
+# which measured the cache, not the model.
+SETTINGS = ("llama.max_n_ctx=8192", "llama.n_slots=8")
 _LLM_PARAMS = (codec.GenerateParams, codec.GenerateAndSpeakParams, codec.ToolCallParams,
                codec.SummarizeParams, codec.ClassifyIntentLLMParams,
                codec.ClassifyAttributesLLMParams)

@@ -294,6 +294,19 @@ def test_seeded_sampling_is_reproducible(smollm2_model):
     assert texts[2] != texts[0]          # the seed is used: another seed, another story
 
 
+def test_dry_keeps_a_reply_from_copying_the_prompt(engine):
+    """Greedy, the model copies the line it is asked to repeat; with DRY a token that
+    would stretch a copied run past two tokens loses logit, so the copy breaks off."""
+    line = "the old miller of ashcombe grinds rye flour by the light of the moon"
+    prompt = chatml(f"Repeat exactly: {line.capitalize()}.")
+    plain = engine.submit(prompt, max_tokens=24).result(60)
+    dry = engine.submit(prompt, max_tokens=24, dry_multiplier=0.8).result(60)
+    assert line in plain.lower(), plain          # the control: without DRY it copies
+    assert line not in dry.lower() and dry.strip(), dry
+    # twice the same: the sampler built once per setting and cloned per request
+    assert engine.submit(prompt, max_tokens=24, dry_multiplier=0.8).result(60) == dry
+
+
 def test_throttle_pauses_between_steps_and_keeps_the_text(smollm2_model):
     # How long a pause lasts is wall-clock and left to the benchmarks; what a test can see
     # is that the scheduler paused after every step, and only when throttled.
@@ -423,6 +436,10 @@ def test_invalid_requests_raise_and_never_abort(engine, smollm2_model):
         engine.submit("hi", grammar='root ::= "unterminated')
     with pytest.raises(InvalidRequest, match="top_p"):
         engine.submit("hi", top_p=0)
+    with pytest.raises(InvalidRequest, match="dry_base=1.0: must be a finite number > 1"):
+        engine.submit("hi", dry_multiplier=0.8, dry_base=1.0)
+    with pytest.raises(InvalidRequest, match="dry_multiplier"):
+        engine.submit("hi", dry_multiplier=float("nan"))
     with pytest.raises(InvalidRequest, match="throttle"):
         engine.set_throttle(2)
     with pytest.raises(InvalidRequest, match="no conversation"):

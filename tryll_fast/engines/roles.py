@@ -43,6 +43,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
+    # DRY ("don't repeat yourself"): a token that would extend a sequence already in the
+    # last dry_last_n tokens (the prompt's tail and the reply) loses
+    # multiplier * base ** (match - allowed_length) of its logit once the match is longer
+    # than allowed_length tokens. 0 = off.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_last_n: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: str | None = None  # GBNF text with a `root` rule
@@ -83,6 +91,16 @@ class SamplingParams:
             bad("top_k", self.top_k, "must be an int >= 0")
         if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 0:
             bad("penalty_last_n", self.penalty_last_n, "must be an int >= 0")
+        if not isinstance(self.dry_multiplier, (int, float)) or not (
+                math.isfinite(self.dry_multiplier) and self.dry_multiplier >= 0):
+            bad("dry_multiplier", self.dry_multiplier, "must be a finite number >= 0 (0 = off)")
+        if not isinstance(self.dry_base, (int, float)) or not (
+                math.isfinite(self.dry_base) and self.dry_base > 1):
+            bad("dry_base", self.dry_base, "must be a finite number > 1")
+        if not isinstance(self.dry_allowed_length, int) or self.dry_allowed_length < 1:
+            bad("dry_allowed_length", self.dry_allowed_length, "must be an int >= 1")
+        if not isinstance(self.dry_last_n, int) or self.dry_last_n < 1:
+            bad("dry_last_n", self.dry_last_n, "must be an int >= 1")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
             bad("seed", self.seed, "must be an int in [0, 2**32)")
         for s in self.stop:
@@ -103,6 +121,10 @@ class SamplingParams:
         for t in self.grammar_triggers:
             if not isinstance(t, str) or not t:
                 bad("grammar_triggers", t, "trigger patterns must be non-empty str")
+
+    @property
+    def uses_dry(self) -> bool:
+        return self.dry_multiplier > 0
 
     @property
     def uses_penalties(self) -> bool:

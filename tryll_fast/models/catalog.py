@@ -68,6 +68,12 @@ _SAMPLING = {
     "seed": (int, 0, 4294967295, True),
     "max_tokens": (int, 0, None, False),
     "stop": (list, None, None, True),
+    # DRY, for speech only (the nodes that copy on purpose, tool calls and summaries, run
+    # without it): docs/models.md
+    "dry_multiplier": (float, 0.0, None, True),
+    "dry_base": (float, 1.0, None, False),
+    "dry_allowed_length": (int, 1, None, True),
+    "dry_last_n": (int, 1, None, True),
 }
 
 

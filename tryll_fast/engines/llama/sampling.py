@@ -1,6 +1,6 @@
 """The llama_sampler chain built from a request's SamplingParams (engines/roles.py).
 
-Chain order: penalties -> grammar -> top_k -> top_p -> min_p -> temperature -> dist
+Chain order: penalties -> DRY -> grammar -> top_k -> top_p -> min_p -> temperature -> dist
 (or greedy when temperature <= 0). The grammar comes before any truncation so
 top-k/top-p choose among allowed tokens only; a token the grammar forbids is
 never sampled, which matters because llama.cpp throws (and so aborts) if a
@@ -30,6 +30,8 @@ class SamplerChain:
             raise InvalidRequest("llama.cpp could not create a sampler chain")
         self._chain = chain
         self._penalties = None
+        self._dry = None
+        self._params = params
         try:
             if params.ignore_eos:
                 eog = model.eog_tokens
@@ -40,6 +42,10 @@ class SamplerChain:
                 self._penalties = self._add(C.llama_sampler_init_penalties(
                     model.n_vocab, params.penalty_last_n, params.repeat_penalty,
                     params.frequency_penalty, params.presence_penalty))
+            if params.uses_dry:
+                self._dry = self._add(model.dry_sampler(
+                    params.dry_multiplier, params.dry_base, params.dry_allowed_length,
+                    params.dry_last_n))
             if params.grammar is not None and params.grammar_triggers:
                 pats = [t.encode() for t in params.grammar_triggers]
                 arr = (ctypes.c_char_p * len(pats))(*pats)
@@ -85,11 +91,16 @@ class SamplerChain:
             raise EngineClosed("sampler chain used after free()")
         return self._chain
 
-    def accept_history(self, tokens) -> None:
-        """Feed prompt tokens to the penalties only (never to the grammar)."""
+    def accept_history(self, prompt) -> None:
+        """Feed the prompt's tail to the penalties and DRY, each its own window (never to
+        the grammar)."""
+        p = self._params
         if self._penalties is not None:
-            for t in tokens:
+            for t in prompt[-p.penalty_last_n:]:
                 C.llama_sampler_accept(self._penalties, t)
+        if self._dry is not None:
+            for t in prompt[-p.dry_last_n:]:
+                C.llama_sampler_accept(self._dry, t)
 
     def free(self) -> None:
         if self._chain is not None:

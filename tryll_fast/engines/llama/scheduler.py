@@ -227,8 +227,8 @@ class Scheduler:
                 self.slots.share_as_prefix(conv, k)
             else:
                 r.register_at = k
-        if r.params.uses_penalties:
-            r.chain.accept_history(prompt[-r.params.penalty_last_n:])
+        if r.params.uses_penalties or r.params.uses_dry:
+            r.chain.accept_history(prompt)
         self.running.append(r)
         if not r.todo:  # a prefill whose tokens are all cached already
             r.t_prefilled = now

@@ -53,7 +53,8 @@ class GenerateNode(NodeType):
         if p.placement not in _PLACEMENT:
             raise ctx.fail(f"node {name!r}",
                            f"placement {int(p.placement)} is not a Placement (0..5)")
-        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx, node_params=p)
+        spec = compile_llm(name, p.model_name, p.context_size, p.sampling, ctx, node_params=p,
+                           speech=True)
         spec.extra["template"] = compile_template_field(name, "template", p.template, ctx)
         spec.extra["input"] = check_slot(name, p.input, ctx)
         return spec

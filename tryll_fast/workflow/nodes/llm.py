@@ -58,11 +58,14 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
                 *, default_context: int = 0,
                 default_max_tokens: int = DEFAULT_MAX_TOKENS,
                 fixed_max_tokens: tuple[str, int] | None = None,
-                node_params=None) -> LlmSpec:
+                node_params=None, speech: bool = False) -> LlmSpec:
     """fixed_max_tokens: (field, value) for a node whose own param sets the output length
     (Summarize's max_summary_tokens) instead of the catalog's and the overrides'; it is
     checked against the context size under that field's name. node_params: the node's
-    params, whose `context` and `adaptation` choose the context it runs on (compile_lane)."""
+    params, whose `context` and `adaptation` choose the context it runs on (compile_lane).
+    speech: the node speaks as the character (Generate, GenerateAndSpeak) and keeps the
+    catalog's DRY settings; every other node copies on purpose (a tool's arguments from
+    the player's words, a summary's names from the dialog) and runs without DRY."""
     where = f"node {name!r}"
     model = model_name or ctx.default_model
     if not model:
@@ -75,7 +78,10 @@ def compile_llm(name: str, model_name: str, context_size: int, overrides, ctx: C
         raise ctx.fail(where, f"context_size {n_ctx} exceeds the {cap} tokens model "
                               f"{model!r} is loaded with (llama.max_n_ctx and its catalog "
                               "context_size)")
-    sampling = resolve_sampling(where, dict(entry.default_sampling), overrides, n_ctx, ctx,
+    base = dict(entry.default_sampling)
+    if not speech:
+        base = {k: v for k, v in base.items() if not k.startswith("dry_")}
+    sampling = resolve_sampling(where, base, overrides, n_ctx, ctx,
                                 default_max_tokens, fixed_max_tokens)
     stop = None
     if sampling.get("ignore_eos"):
