@@ -8,7 +8,7 @@ about speed."""
 import pytest
 
 from benchmarks.npc.cases import load_suite
-from benchmarks.npc.run import run_model
+from benchmarks.npc.run import MODELS_DIR, run_model
 from benchmarks.npc.score import category_scores
 from tryll_fast.models import ensure_model, load_catalog
 
@@ -47,7 +47,7 @@ def run():
     suite = load_suite()
     model = next(e.name for e in load_catalog().defaults() if e.role == "llm")
     for name in (model, "all-MiniLM-L6-v2"):
-        ensure_model(name)
+        ensure_model(name, MODELS_DIR)        # where the suite's server looks
     chosen = picked(suite)
     first = min(r.checkpoints[0] for r in suite.recalls if r.id == RECALL)
     result = run_model(

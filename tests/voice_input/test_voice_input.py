@@ -336,7 +336,7 @@ def test_chat_listen_says_a_wav_to_the_npc(server, speaker, model_file, tmp_path
     host, port = server.address
     proc = subprocess.run(
         [sys.executable, "-m", "tryll_fast.cli", "chat", "--host", host, "--port", str(port),
-         "--max-tokens", "12", "--listen", str(path)],
+         "--model", "SmolLM2-135M-Instruct", "--max-tokens", "12", "--listen", str(path)],
         input="", capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -410,9 +410,10 @@ def test_three_hundred_turns_keep_the_window_and_the_fact(w, record_property, mo
     """Turns 1-4 and most others are scripted (AppendInteractions); a real turn comes every
     36, and each starts a summary of what came since the last one, which the next real turn
     waits for. The prompt stays within the Generate node's window throughout, the summary
-    holds what the player said at turn 5, and at turn 300 they ask for it: on the catalog's
-    default model (SmolLM2-135M loses the name within a few rewrites) the name is still in
-    the summary and in the answer."""
+    holds what the player said at turn 5 through every rewrite on the catalog's default
+    model (SmolLM2-135M loses it within a few), and at turn 300 they ask for it. Whether
+    the model answers from the summary is measured, not asserted: the gate
+    long_dialog_recall_turn300 of make eval (docs/npc-quality.md)."""
     model = _default_llm()
     model_file(model)
     n_ctx, max_tokens, block = 1024, 32, 35
@@ -459,8 +460,9 @@ def test_three_hundred_turns_keep_the_window_and_the_fact(w, record_property, mo
     # far from the point where the window would have to drop some
     assert final["summarized_interactions"] == covered >= 250
     assert final["history_interactions"] == 299 - covered and final["dropped_interactions"] == 0
-    # the fact of turn 5 reaches the running summary, survives every rewrite and is given
-    # back at turn 300
+    # the fact of turn 5 reaches the running summary, survives every rewrite and is in the
+    # prompt of turn 300
     assert "Aldric" in texts_[0], texts_[0]
+    assert all("Aldric" in t for t in texts_), texts_
     assert SUMMARY_LABEL in final["prompt"] and texts_[-1] in final["prompt"]
-    assert "Aldric" in summary and "Aldric" in answer, (summary, answer)
+    assert "Aldric" in summary, summary
