@@ -65,7 +65,10 @@ def table(data: dict) -> str:
     if not models:
         return "(no results)"
     names = list(models)
-    head = "| | " + " | ".join(names) + " |"
+    # a partial run (some categories, or --limit) is no overall score to compare
+    head = "| | " + " | ".join(
+        m + (f" (partial: {len(models[m]['cases'])} cases)" if models[m].get("partial") else "")
+        for m in names) + " |"
     rule = "|---|" + "---|" * len(names)
     rows = [head, rule]
     rows.append("| **overall** | " + " | ".join(
