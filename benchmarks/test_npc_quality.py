@@ -23,13 +23,14 @@ import pytest
 from benchmarks.npc import report
 from benchmarks.npc.cases import load_suite
 from tryll_fast.models import load_catalog
+from tryll_fast.server.server import default_llm as server_default_llm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOL = "SmolLM2-135M-Instruct"
 
 
 def default_llm() -> str:
-    return next(e.name for e in load_catalog().defaults() if e.role == "llm")
+    return server_default_llm(load_catalog(), "")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from benchmarks.npc.cases import load_suite
 from benchmarks.npc.run import MODELS_DIR, run_model
 from benchmarks.npc.score import category_scores
 from tryll_fast.models import ensure_model, load_catalog
+from tryll_fast.server.server import default_llm
 
 pytestmark = pytest.mark.model
 
@@ -45,7 +46,7 @@ def picked(suite) -> set[str]:
 @pytest.fixture(scope="module")
 def run():
     suite = load_suite()
-    model = next(e.name for e in load_catalog().defaults() if e.role == "llm")
+    model = default_llm(load_catalog(), "")
     for name in (model, "all-MiniLM-L6-v2"):
         ensure_model(name, MODELS_DIR)        # where the suite's server looks
     chosen = picked(suite)

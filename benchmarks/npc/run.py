@@ -23,9 +23,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 from benchmarks.npc.cases import Case, Recall, Suite
 from benchmarks.npc.score import Outcome, judge
+from benchmarks.transport_load import ServerProcess
 from tryll_fast import codec
 from tryll_fast.client import GraphDescription, TryllClient, TryllError
 from tryll_fast.client.agents import python_value
@@ -52,23 +50,14 @@ _LLM_PARAMS = (codec.GenerateParams, codec.GenerateAndSpeakParams, codec.ToolCal
                codec.ClassifyAttributesLLMParams)
 
 
-class Server:
-    """`tryll-fast serve` in a subprocess on a free port, with a scratch storage root."""
+class Server(ServerProcess):
+    """The benchmark server (benchmarks.transport_server, the reactor) with the suite's
+    settings in a subprocess, and its memory as the kernel counts it."""
 
     def __init__(self, models_dir: str = MODELS_DIR, settings: Iterable[str] = SETTINGS,
                  log=None) -> None:
-        self.scratch = tempfile.mkdtemp(prefix="tryll-npc-")
-        cmd = [sys.executable, "-m", "benchmarks.transport_server", "--impl", "reactor",
-               "--models-dir", models_dir]
-        for item in settings:
-            cmd += ["--set", item]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.proc.kill()
-            raise RuntimeError(f"the server did not start: {line!r}")
-        self.port = int(line.split()[1])
+        super().__init__("reactor", models_dir=models_dir, settings=tuple(settings),
+                         stderr=log)
 
     def memory_mb(self) -> dict[str, float]:
         out = {}
@@ -78,13 +67,6 @@ class Server:
                 if key in ("VmRSS", "VmHWM"):
                     out[key] = int(value.split()[0]) / 1024
         return {"rss_mb": round(out.get("VmRSS", 0), 1), "peak_rss_mb": round(out.get("VmHWM", 0), 1)}
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def greedy(params):

@@ -399,11 +399,6 @@ def test_a_failed_summarization_leaves_the_dialog_as_it_was(w):
     assert summaries(w, aid) == []
 
 
-def _default_llm() -> str:
-    from tryll_fast.models import load_catalog
-    return next(e.name for e in load_catalog().defaults() if e.role == "llm")
-
-
 @pytest.mark.model
 @pytest.mark.timeout(900)
 def test_three_hundred_turns_keep_the_window_and_the_fact(w, record_property, model_file):
@@ -414,7 +409,9 @@ def test_three_hundred_turns_keep_the_window_and_the_fact(w, record_property, mo
     model (SmolLM2-135M loses it within a few), and at turn 300 they ask for it. Whether
     the model answers from the summary is measured, not asserted: the gate
     long_dialog_recall_turn300 of make eval (docs/npc-quality.md)."""
-    model = _default_llm()
+    from tryll_fast.models import load_catalog
+    from tryll_fast.server.server import default_llm
+    model = default_llm(load_catalog(), "")
     model_file(model)
     n_ctx, max_tokens, block = 1024, 32, 35
     aid = create(w, chat(max_tokens=max_tokens, n_ctx=n_ctx, context_size=2048,

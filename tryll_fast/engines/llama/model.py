@@ -17,10 +17,10 @@ from tryll_fast.engines.llama import devices
 from tryll_fast.engines.llama.lora_gguf import check_lora_file
 
 _backend_lock = threading.Lock()
+_backend_ready = False
 # Where a DRY match stops: a repeated sequence across a new line, a colon, a quote or an
 # asterisk is not a loop (the defaults of the sampler's authors).
 DRY_BREAKERS = (b"\n", b":", b"\"", b"*")
-_backend_ready = False
 
 
 def init_backend() -> None:
