@@ -6,6 +6,7 @@
 #   make bench   run the benchmarks, then the gates (exits non-zero on a FAIL)
 #   make llama-server  build the peer benchmark's llama-server once (make bench needs it)
 #   make bench-backends / make bench-share  the 8-NPC workload per build / a game beside it
+#   make bench-cpu-share  a synthetic busy game beside the server (benchmarks/cpu_share.py)
 #   make eval    the NPC quality suite on each language model (docs/npc-quality.md)
 #   make fuzz    a longer atheris campaign on the codec
 #   make fuzz-server  mutated frames of every request type against a live server
@@ -87,7 +88,7 @@ USEARCH_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tryll_fast/usearch-$(USEAR
 USEARCH_HEADERS := $(USEARCH_DIR)/include/usearch/index_dense.hpp
 export TRYLL_USEARCH_INCLUDE := $(USEARCH_DIR)/include
 
-.PHONY: test test-gpu test-cuda bench bench-backends bench-share eval soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
+.PHONY: test test-gpu test-cuda bench bench-backends bench-share bench-cpu-share eval soak flood fuzz fuzz-server gen serve install clean profile-build llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -204,6 +205,10 @@ bench-backends: install
 SHARE_ARGS ?=
 bench-share: install
 	$(PY) -m benchmarks.share $(SHARE_ARGS)
+
+# a synthetic game beside the server: make bench-cpu-share CPU_SHARE_ARGS="--voice"
+bench-cpu-share: install
+	$(PY) -m benchmarks.cpu_share $(CPU_SHARE_ARGS)
 
 # --timeout=0: the tests' per-test limit (pyproject.toml) is not a benchmark's; a benchmark
 # runs a fixed number of rounds, however long this machine takes for them

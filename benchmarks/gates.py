@@ -139,6 +139,15 @@ class Flat(Ratio):
             self.baseline.put(base[0], a)
 
 
+class Inflation(Ratio):
+    """value = num / den, how much longer something of the user's own (a game's frame)
+    takes beside ours than alone, gated `<=`. Swapping the sides gives its inverse."""
+    op = "<="
+
+    def passes(self, value):
+        return value <= self.threshold
+
+
 class Overhead:
     """value = a duration the client's clock saw minus the engine's own for the same
     event, recorded per event and summarised (p50) by the benchmark; gated `<=`. Such a
@@ -268,6 +277,12 @@ GATES = [
     Ratio("npc_quality_default_vs_smollm2",
           Pick("score", suite="npc", case="quality", impl="default"),
           Pick("score", suite="npc", case="quality", impl="smollm2"), 2.0),
+    Ratio("cpu_share_npc_rate_vs_fair",
+          Pick("busy2_tokens_per_s", suite="cpu_share", case="busy_game"),
+          Pick("fair_tokens_per_s", suite="cpu_share", case="busy_game"), 0.6),
+    Inflation("cpu_share_game_p99_inflation",
+              Pick("capped2_p99_beside_ms", suite="cpu_share", case="busy_game"),
+              Pick("capped2_p99_alone_ms", suite="cpu_share", case="busy_game"), 1.3),
     Score("long_dialog_recall_turn300",
           Pick("recall_t300", suite="npc", case="quality", impl="default"),
           Pick("recall_t300", suite="npc", case="quality", impl="smollm2"), 0.8),

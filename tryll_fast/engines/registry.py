@@ -38,6 +38,9 @@ Preparer = Callable[[Path, Callable[[float], None]], Path]
 def _load_llama(entry, path: Path, options: Mapping[str, Any]):
     opts = dict(options)
     cap = int(opts.pop("max_n_ctx", DEFAULT_MAX_N_CTX))
+    if "adaptive_threads" in opts:     # process-wide: every decode goes through one thread
+        from tryll_fast.engines.llama.cpu_share import set_adaptive
+        set_adaptive(opts.pop("adaptive_threads"))
     if entry.role == "embedding":
         # embedding models are small and run between turns: host memory, always
         from tryll_fast.engines.llama.embeddings import Embedder

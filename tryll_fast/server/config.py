@@ -257,6 +257,10 @@ SETTINGS: tuple[Setting, ...] = (
             "of decoding them again; false: exact, the prompt decoded again from the cut"),
     Setting("llama.n_threads", "int", 2, "CPU threads per language model", minimum=1,
             maximum=256),
+    Setting("llama.adaptive_threads", "bool", True,
+            "before each decode, leave to the rest of the machine the cores it kept busy "
+            "lately (a game beside the server): the decode runs with fewer threads, down to "
+            "one; false: always llama.n_threads"),
     Setting("llama.placement", "str", "auto",
             "where a language model's layers go when the session's placement hint leaves it "
             "to the server: auto (a GPU when one has twice the weights' size free, else host "
@@ -342,6 +346,7 @@ class ServerConfig:
     llama_prefill_while_decoding: int
     llama_context_shift: bool
     llama_n_threads: int
+    llama_adaptive_threads: bool
     llama_placement: str
     llama_n_gpu_layers: int
     llama_kv_spill_dir: Path | None
@@ -383,6 +388,7 @@ class ServerConfig:
         return {"llama-cpp": {"max_n_ctx": self.llama_max_n_ctx, "n_slots": self.llama_n_slots,
                               "n_batch": self.llama_n_batch, "n_threads": self.llama_n_threads,
                               "n_threads_batch": self.llama_n_threads,
+                              "adaptive_threads": self.llama_adaptive_threads,
                               "prefill_while_decoding": self.llama_prefill_while_decoding,
                               "context_shift": self.llama_context_shift,
                               # the slot table's own evictions follow the tier ("free" is

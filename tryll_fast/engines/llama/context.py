@@ -18,7 +18,7 @@ import numpy as np
 from tryll_fast.engines.errors import (
     DecodeError, EngineClosed, InvalidRequest, ModelLoadError,
 )
-from tryll_fast.engines.llama import compute, devices
+from tryll_fast.engines.llama import cpu_share, devices
 from tryll_fast.engines.llama.model import LlamaModel
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: contexts with more sequences are refused
@@ -87,6 +87,8 @@ class LlamaContext:
         self.n_seq_max = C.llama_n_seq_max(ctx)
         self.kv_type = kv_type
         self.n_threads = n_threads
+        self.n_threads_batch = n_threads_batch
+        self.threads_now = [n_threads, n_threads_batch]    # what the next decode runs with
         self.flash_attn_type = flash_attn_type
         # the model's figure is for F16 elements; quantized types are per 32-element block
         self.kv_bytes_per_cell = round(model.kv_bytes_per_cell / 2 * KV_TYPES[kv_type][1])
@@ -183,8 +185,10 @@ class LlamaContext:
             o += n
         self._batch.n_tokens = total
         self._outputs = frozenset()
-        # on the process's one compute thread (compute.py); ctypes releases the GIL
-        rc = compute.run(C.llama_decode, ctx, self._batch)
+        # on the process's compute thread (compute.py), with the threads and priority the
+        # machine's load leaves it (cpu_share.py); ctypes releases the GIL
+        rc = cpu_share.decode(C, ctx, self._batch, (self.n_threads, self.n_threads_batch),
+                              self.threads_now)
         if rc != 0:
             self._resync(planned)
             raise DecodeError(f"llama_decode returned {rc} for {total} tokens"

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tryll_fast.engines.errors import EngineError
-from tryll_fast.engines.llama import compute, devices
+from tryll_fast.engines.llama import cpu_share, devices
 from tryll_fast.engines.llama.bert_gguf import gguf_path_for
 from tryll_fast.engines.llama.model import init_backend
 
@@ -115,6 +115,8 @@ class Embedder:
             self._free_model()
             raise EmbeddingError("llama.cpp could not create an embedding context")
         self._ctx = ctx
+        self.n_threads = n_threads
+        self._threads_now = [n_threads, n_threads]
         self._batch = C.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._tok_buf = (C.llama_token * (self.max_tokens + 8))()
 
@@ -189,7 +191,9 @@ class Embedder:
                 k += 1
         b.n_tokens = k
         C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
-        rc = compute.run(C.llama_decode, self._ctx, b)   # one OpenMP team: compute.py
+        # on a compute thread (compute.py), as the machine's load leaves it (cpu_share.py)
+        rc = cpu_share.decode(C, self._ctx, b, (self.n_threads, self.n_threads),
+                              self._threads_now)
         if rc != 0:
             raise EmbeddingError(f"llama_decode failed ({rc}) on {len(group)} texts")
         for seq, i in enumerate(group):
