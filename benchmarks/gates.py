@@ -139,6 +139,11 @@ class Flat(Ratio):
             self.baseline.put(base[0], a)
 
 
+class Share(Ratio):
+    """value = num / den, the part of a reference (a fair share of the machine) ours keeps,
+    gated `>=` below 1: a bound on how much ours may lose, like PairedShare."""
+
+
 class Inflation(Ratio):
     """value = num / den, how much longer something of the user's own (a game's frame)
     takes beside ours than alone, gated `<=`. Swapping the sides gives its inverse."""
@@ -277,7 +282,7 @@ GATES = [
     Ratio("npc_quality_default_vs_smollm2",
           Pick("score", suite="npc", case="quality", impl="default"),
           Pick("score", suite="npc", case="quality", impl="smollm2"), 2.0),
-    Ratio("cpu_share_npc_rate_vs_fair",
+    Share("cpu_share_npc_rate_vs_fair",
           Pick("busy2_tokens_per_s", suite="cpu_share", case="busy_game"),
           Pick("fair_tokens_per_s", suite="cpu_share", case="busy_game"), 0.6),
     Inflation("cpu_share_game_p99_inflation",

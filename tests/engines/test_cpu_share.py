@@ -105,8 +105,7 @@ def test_this_machine_sees_a_busy_process_as_someone_else():
             time.sleep(0.3)
             gov.sample()
         assert gov.other > 0.6, gov.other
-        if gov.cores == 2:
-            assert gov.threads(2) == 1
+        assert gov.reserved >= 1              # the next decode leaves it a core
     finally:
         hog.kill()
         hog.wait()
