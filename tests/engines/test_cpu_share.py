@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tryll_fast.engines.llama import compute
+from tryll_fast.engines.llama import cpu_share
 from tryll_fast.engines.llama.cpu_share import STARVED, ThreadGovernor, read_proc
 
 
@@ -117,3 +118,11 @@ def test_the_low_thread_runs_below_normal_priority():
     normal = compute.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     assert nice == min(19, normal + compute.LOW_NICE) or nice >= normal + 1
     assert compute.low_cpu_s() is not None
+
+
+def test_the_sampler_follows_the_decode_onto_the_low_thread(monkeypatch):
+    low = compute.run(threading.get_native_id, low=True)
+    monkeypatch.setattr(cpu_share.governor, "low_active", True)
+    assert cpu_share.after_decode(threading.get_native_id) == low
+    monkeypatch.setattr(cpu_share.governor, "low_active", False)
+    assert cpu_share.after_decode(threading.get_native_id) == threading.get_native_id()

@@ -239,7 +239,7 @@ class LlamaContext:
         if batch_index not in self._outputs:
             raise InvalidRequest(
                 f"batch index {batch_index} produced no logits in the last decode")
-        return C.llama_sampler_sample(chain, ctx, batch_index)
+        return cpu_share.after_decode(C.llama_sampler_sample, chain, ctx, batch_index)
 
     def softmax_over(self, batch_index: int, tokens) -> tuple[float, ...]:
         """The softmax of one output's logits restricted to `tokens` (read in place, only

@@ -11,7 +11,8 @@ it: threads = cores - round(other), at least 1, at most what the context asks fo
 
 While someone else keeps cores busy, the decode also runs on the low-priority compute
 thread (compute.py), so a game that sleeps part of each frame gets its cores back at once
-and the decode uses what the game leaves. A game that leaves nothing (every core busy all
+and the decode uses what the game leaves (the sampler that follows it too: about a
+millisecond over a 150 000-token vocabulary). A game that leaves nothing (every core busy all
 the time) would starve it: when the low thread got less than STARVED of the wall time its
 decodes took over the last quarter second, decodes go back to the normal-priority thread
 for NORMAL_HOLD_S and then try the low one again. The NPC then gets a fair share.
@@ -30,7 +31,8 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["ThreadGovernor", "read_proc", "governor", "set_adaptive", "decode"]
+__all__ = ["ThreadGovernor", "read_proc", "governor", "set_adaptive", "decode",
+           "after_decode"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # above half a core of someone else's work, one core is left to it
@@ -84,13 +86,14 @@ class ThreadGovernor:
         self._normal_until = 0.0     # decodes stay on the normal thread until then
         self._low_wall = 0.0         # the low thread's decodes since the last verdict
         self._low_cpu = 0.0
+        self.low_active = False      # the last decode ran on the low thread
 
     def plan(self, wanted: int) -> tuple[int, bool]:
         """(threads, low priority) for the next decode."""
         n = self.threads(wanted)
-        if not self.adaptive or self.reserved == 0:
-            return n, False
-        return n, self.clock() >= self._normal_until
+        low = self.adaptive and self.reserved > 0 and self.clock() >= self._normal_until
+        self.low_active = low
+        return n, low
 
     def low_ran(self, wall_s: float, cpu_s: float) -> None:
         """A decode on the low thread took `wall_s`, of which it ran `cpu_s`."""
@@ -160,3 +163,13 @@ def decode(C, ctx, batch, wanted: tuple[int, int], now: list) -> int:
     if c0 is not None and c1 is not None:
         governor.low_ran(time.perf_counter() - t0, c1 - c0)
     return rc
+
+
+def after_decode(fn, *args):
+    """fn(*args) (a sampler over the vocabulary: about a millisecond for 150 000 tokens)
+    where the last decode ran: on the low thread while the machine is busy, so it too
+    yields to the game; directly otherwise."""
+    if not governor.low_active:
+        return fn(*args)
+    from tryll_fast.engines.llama import compute
+    return compute.run(fn, *args, low=True)
