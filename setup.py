@@ -111,6 +111,13 @@ extensions = [
         define_macros=macros,
         extra_compile_args=cflags,
     ),
+    # the low-priority compute thread (no Python on it) and llama_decode's abort callback
+    Extension(
+        "tryll_fast.engines.llama._lowthread",
+        ["tryll_fast/engines/llama/_lowthread.pyx"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
 ]
 
 setup(

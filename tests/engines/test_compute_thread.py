@@ -21,6 +21,8 @@ SCRIPT = textwrap.dedent("""
     from tryll_fast.engines.llama.context import LlamaContext
     from tryll_fast.engines.llama.embeddings import Embedder
 
+    from tryll_fast.engines.llama import cpu_share
+    cpu_share.set_adaptive(False)      # whatever else this machine runs: n_threads=2 teams
     if sys.argv[3] == "direct":        # what the server did before compute.py
         compute.run = lambda fn, *args: fn(*args)
     model = LlamaModel(sys.argv[1])

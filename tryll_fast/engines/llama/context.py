@@ -93,6 +93,8 @@ class LlamaContext:
         # the model's figure is for F16 elements; quantized types are per 32-element block
         self.kv_bytes_per_cell = round(model.kv_bytes_per_cell / 2 * KV_TYPES[kv_type][1])
         self.n_ubatch = C.llama_n_ubatch(ctx)
+        # set to stop the running decode (cpu_share.py: one starved at low priority)
+        self._abort = cpu_share.abort_flag(C, ctx)
         self.adapters: tuple = ()
         self._next_pos = [0] * self.n_seq_max
         self._outputs: frozenset[int] = frozenset()
@@ -188,7 +190,8 @@ class LlamaContext:
         # on the process's compute thread (compute.py), with the threads and priority the
         # machine's load leaves it (cpu_share.py); ctypes releases the GIL
         rc = cpu_share.decode(C, ctx, self._batch, (self.n_threads, self.n_threads_batch),
-                              self.threads_now)
+                              self.threads_now,
+                              self._abort if total <= self.n_ubatch else None)
         if rc != 0:
             self._resync(planned)
             raise DecodeError(f"llama_decode returned {rc} for {total} tokens"
@@ -239,7 +242,7 @@ class LlamaContext:
         if batch_index not in self._outputs:
             raise InvalidRequest(
                 f"batch index {batch_index} produced no logits in the last decode")
-        return cpu_share.after_decode(C.llama_sampler_sample, chain, ctx, batch_index)
+        return cpu_share.sample(C, chain, ctx, batch_index)
 
     def softmax_over(self, batch_index: int, tokens) -> tuple[float, ...]:
         """The softmax of one output's logits restricted to `tokens` (read in place, only

@@ -9,13 +9,15 @@ second and beside two from 21 to 2.8, while a 1-thread decode kept 11.7 and 7.5
 looks at how much CPU the rest of the machine used lately and leaves that many cores to
 it: threads = cores - round(other), at least 1, at most what the context asks for.
 
-While someone else keeps cores busy, the decode also runs on the low-priority compute
-thread (compute.py), so a game that sleeps part of each frame gets its cores back at once
-and the decode uses what the game leaves (the sampler that follows it too: about a
-millisecond over a 150 000-token vocabulary). A game that leaves nothing (every core busy all
-the time) would starve it: when the low thread got less than STARVED of the wall time its
-decodes took over the last quarter second, decodes go back to the normal-priority thread
-for NORMAL_HOLD_S and then try the low one again. The NPC then gets a fair share.
+While someone else keeps cores busy, a one-thread decode runs on the low-priority compute
+thread (_lowthread.pyx: SCHED_IDLE, bound to one CPU), so a game that sleeps part of each
+frame gets its core back the moment a thread of it wakes, and the decode uses what the game
+leaves (the sampler that follows it too: about a millisecond over a 150 000-token
+vocabulary). A game that leaves nothing (every core busy all the time) would starve it:
+a decode there that got less than STARVED of its wall time after LOW_WINDOW_S is stopped
+through llama.cpp's abort callback (a stopped micro-batch leaves nothing in the
+KV cache) and run again at normal priority, and decodes stay there for NORMAL_HOLD_S before
+trying the low thread again. The NPC then gets a fair share.
 
 "Other" is the machine's busy time (/proc/stat) less this process's own (/proc/self/stat)
 over the last sampling interval, in cores, smoothed over two intervals. Our own spinning
@@ -25,14 +27,15 @@ most every `interval_s` on the thread that decodes (two small file reads, ~30 us
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
 import time
 from typing import Callable
 
-__all__ = ["ThreadGovernor", "read_proc", "governor", "set_adaptive", "decode",
-           "after_decode"]
+__all__ = ["ThreadGovernor", "LowThread", "read_proc", "governor", "low_thread",
+           "set_adaptive", "abort_flag", "decode", "sample", "LOW_NICE"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # above half a core of someone else's work, one core is left to it
@@ -41,6 +44,14 @@ ROUND_AT = 0.5
 STARVED = 0.25
 NORMAL_HOLD_S = 2.0
 LOW_WINDOW_S = 0.25
+# the low thread's nice value, where the kernel refuses it SCHED_IDLE
+LOW_NICE = 19
+# Larger batches (a prompt's prefill) decode at normal priority: a starved low thread
+# notices the abort flag only at the end of a graph node, and a node over a long batch
+# is milliseconds of CPU, seconds at the share it gets beside a busy core.
+LOW_MAX_TOKENS = 32
+# how often the caller looks at a running low-priority decode
+POLL_S = 0.05
 
 
 def read_proc() -> tuple[int, int] | None:
@@ -89,11 +100,20 @@ class ThreadGovernor:
         self.low_active = False      # the last decode ran on the low thread
 
     def plan(self, wanted: int) -> tuple[int, bool]:
-        """(threads, low priority) for the next decode."""
+        """(threads, low priority) for the next decode. Only a one-thread decode goes to
+        the low thread: it is bound to one CPU, and a team started there would share it."""
         n = self.threads(wanted)
-        low = self.adaptive and self.reserved > 0 and self.clock() >= self._normal_until
+        low = (self.adaptive and self.reserved > 0 and n == 1
+               and self.clock() >= self._normal_until)
         self.low_active = low
         return n, low
+
+    def starved(self) -> None:
+        """The low thread could not get CPU time: normal priority for NORMAL_HOLD_S."""
+        with self._lock:
+            self._low_wall = self._low_cpu = 0.0
+            self._normal_until = self.clock() + NORMAL_HOLD_S
+            self.low_active = False
 
     def low_ran(self, wall_s: float, cpu_s: float) -> None:
         """A decode on the low thread took `wall_s`, of which it ran `cpu_s`."""
@@ -106,6 +126,7 @@ class ThreadGovernor:
             self._low_wall = self._low_cpu = 0.0
             if share < STARVED:
                 self._normal_until = self.clock() + NORMAL_HOLD_S
+                self.low_active = False
 
     def threads(self, wanted: int) -> int:
         """How many of `wanted` threads the next decode gets."""
@@ -145,31 +166,140 @@ def set_adaptive(on: bool) -> None:
     governor.adaptive = bool(on) and read_proc() is not None
 
 
-def decode(C, ctx, batch, wanted: tuple[int, int], now: list) -> int:
-    """llama_decode(ctx, batch) on a compute thread, with the threads and the priority
-    the governor picks; `now` is the context's current (threads, threads_batch), updated."""
+class LowThread:
+    """The low-priority compute thread (_lowthread.pyx): SCHED_IDLE (nice LOW_NICE where the
+    kernel refuses that class), bound to the last CPU this process may use. `available` is
+    False where the module is missing, the platform lacks the calls, or llama_cpp's
+    llama_batch is not the layout the thread copies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()     # one job at a time, submit to result
+        self._mod = None
+        self._started = False
+        self.idle_class = False
+        try:
+            from tryll_fast.engines.llama import _lowthread
+            import llama_cpp.llama_cpp as C
+        except ImportError:
+            return
+        fields = [(n, getattr(C.llama_batch, n).offset) for n, _ in C.llama_batch._fields_]
+        ptr = ctypes.sizeof(ctypes.c_void_p)
+        if (ctypes.sizeof(C.llama_batch) == _lowthread.BATCH_BYTES == 7 * ptr
+                and fields == [(n, i * ptr) for i, n in enumerate(
+                    ("n_tokens", "token", "embd", "pos", "n_seq_id", "seq_id", "logits"))]
+                and hasattr(os, "sched_getaffinity")):
+            self._mod = _lowthread
+
+    @property
+    def available(self) -> bool:
+        return self._mod is not None
+
+    def _start(self) -> None:
+        if not self._started:
+            self.idle_class = self._mod.start(max(os.sched_getaffinity(0)), LOW_NICE)
+            self._started = True
+
+    def native_id(self) -> int:
+        self._start()
+        return self._mod.native_id()
+
+    def cpu_s(self) -> float | None:
+        return self._mod.cpu_seconds()
+
+    def decode(self, C, ctx, batch, abort) -> int | None:
+        """llama_decode(ctx, batch) here; None when it was stopped for want of CPU (STARVED
+        of its wall time after LOW_WINDOW_S) or the thread is busy with another job."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._start()
+            mod = self._mod
+            abort.value = 0
+            t0 = time.perf_counter()
+            c0 = mod.cpu_seconds()
+            mod.submit_decode(_address(C.llama_decode), _address(ctx), ctypes.addressof(batch))
+            while not mod.wait(POLL_S):
+                wall = time.perf_counter() - t0
+                if wall >= LOW_WINDOW_S and mod.cpu_seconds() - c0 < STARVED * wall:
+                    abort.value = 1
+                    mod.wait(1e9)
+                    abort.value = 0
+                    governor.starved()
+                    rc = mod.result()
+                    # 2: stopped between graph nodes, its micro-batch out of the KV cache
+                    return None if rc == 2 else rc
+            governor.low_ran(time.perf_counter() - t0, mod.cpu_seconds() - c0)
+            return mod.result()
+        finally:
+            self._lock.release()
+
+    def sample(self, C, chain, ctx, idx: int) -> int | None:
+        """llama_sampler_sample here; None when the thread is busy with another job."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._start()
+            self._mod.submit_sample(_address(C.llama_sampler_sample), _address(chain),
+                                    _address(ctx), idx)
+            self._mod.wait(1e9)
+            return self._mod.result()
+        finally:
+            self._lock.release()
+
+
+def _address(p) -> int:
+    """A C pointer held by ctypes (an int, a c_void_p, a typed pointer or a function) as
+    an int."""
+    if isinstance(p, int):
+        return p
+    if isinstance(p, ctypes.c_void_p):
+        return p.value or 0
+    return ctypes.cast(p, ctypes.c_void_p).value or 0
+
+
+low_thread = LowThread()
+
+
+def abort_flag(C, ctx):
+    """Gives `ctx` the C abort callback (_lowthread.pyx) and returns its flag (a ctypes int
+    that stops the context's running decode once set), or None without the module."""
+    if not low_thread.available:
+        return None
+    from tryll_fast.engines.llama._lowthread import abort_callback_address
+    flag = ctypes.c_int(0)
+    C.llama_set_abort_callback(ctx, C.ggml_abort_callback(abort_callback_address()),
+                               ctypes.addressof(flag))
+    return flag
+
+
+def decode(C, ctx, batch, wanted: tuple[int, int], now: list, abort=None) -> int:
+    """llama_decode(ctx, batch) with the threads and the thread the governor picks; `now` is
+    the context's current (threads, threads_batch), updated.
+
+    `abort` (abort_flag's flag, given only for a batch of one micro-batch, so a stopped
+    decode leaves nothing in the KV cache) lets a batch of up to LOW_MAX_TOKENS start on the
+    low thread: stopped there when the low thread is starved, it runs again at normal
+    priority."""
     from tryll_fast.engines.llama import compute
     n, low = governor.plan(wanted[0])
     nb = governor.threads(wanted[1])
     if (n, nb) != tuple(now):
         C.llama_set_n_threads(ctx, n, nb)
         now[:] = [n, nb]
-    if not low:
-        return compute.run(C.llama_decode, ctx, batch)
-    t0 = time.perf_counter()
-    c0 = compute.low_cpu_s()
-    rc = compute.run(C.llama_decode, ctx, batch, low=True)
-    c1 = compute.low_cpu_s()
-    if c0 is not None and c1 is not None:
-        governor.low_ran(time.perf_counter() - t0, c1 - c0)
-    return rc
+    if low and abort is not None and batch.n_tokens <= LOW_MAX_TOKENS and low_thread.available:
+        rc = low_thread.decode(C, ctx, batch, abort)
+        if rc is not None:
+            return rc
+    governor.low_active = False
+    return compute.run(C.llama_decode, ctx, batch)
 
 
-def after_decode(fn, *args):
-    """fn(*args) (a sampler over the vocabulary: about a millisecond for 150 000 tokens)
-    where the last decode ran: on the low thread while the machine is busy, so it too
-    yields to the game; directly otherwise."""
-    if not governor.low_active:
-        return fn(*args)
-    from tryll_fast.engines.llama import compute
-    return compute.run(fn, *args, low=True)
+def sample(C, chain, ctx, idx: int) -> int:
+    """llama_sampler_sample(chain, ctx, idx) (about a millisecond over a 150 000-token
+    vocabulary) where the last decode ran: on the low thread while it decodes there, so
+    the sampler too yields to the game; directly otherwise."""
+    if governor.low_active:
+        token = low_thread.sample(C, chain, ctx, idx)
+        if token is not None:
+            return token
+    return C.llama_sampler_sample(chain, ctx, idx)

@@ -117,6 +117,8 @@ class Embedder:
         self._ctx = ctx
         self.n_threads = n_threads
         self._threads_now = [n_threads, n_threads]
+        # n_ubatch == n_batch: every decode is one micro-batch, so a stopped one is rerun
+        self._abort = cpu_share.abort_flag(C, ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._tok_buf = (C.llama_token * (self.max_tokens + 8))()
 
@@ -193,7 +195,7 @@ class Embedder:
         C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
         # on a compute thread (compute.py), as the machine's load leaves it (cpu_share.py)
         rc = cpu_share.decode(C, self._ctx, b, (self.n_threads, self.n_threads),
-                              self._threads_now)
+                              self._threads_now, self._abort)
         if rc != 0:
             raise EmbeddingError(f"llama_decode failed ({rc}) on {len(group)} texts")
         for seq, i in enumerate(group):
