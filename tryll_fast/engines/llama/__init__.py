@@ -6,8 +6,8 @@ packs all agents into one llama_decode per step, per-request sampler chains,
 the compiled UTF-8/stop-string detokenizer, conversation KV reuse, the shared
 prefix cache, eviction to a file (spill.py) or host memory and restore, memory
 accounting, pooled embeddings (embeddings.py), the one thread every decode in the process
-runs on (compute.py: one OpenMP team; a low-priority twin while a game keeps cores busy),
-how many threads a decode gets beside a busy machine (cpu_share.py), and where a model's layers go on a GPU
+runs on (compute.py: one OpenMP team), how many threads a decode gets beside a busy machine
+and the low-priority C thread it then runs on (cpu_share.py, _lowthread.pyx), and where a model's layers go on a GPU
 build (devices.py: placement ram / vram / auto). It implements the LanguageModel and
 Embeddings roles (engines/roles.py); chat templates and tool-call prompting are engine-neutral
 (tryll_fast/prompting).
