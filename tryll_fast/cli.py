@@ -165,6 +165,10 @@ def _add_chat(commands) -> None:
     p.add_argument("--system", default=DEFAULT_SYSTEM_PROMPT, help="the system prompt")
     p.add_argument("--locale", default="", help="session locale (BCP-47), e.g. en-US")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (0: greedy; default: the server's)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed, for replies that repeat run to run")
     p.add_argument("--speak", action="store_true",
                    help="the NPC speaks (GenerateAndSpeak with --voice): each turn's audio is "
                         "written to --wav-dir as turn-NNN.wav")
@@ -192,7 +196,9 @@ def _chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> in
     graph = (GraphDescription()
              .add_node("answer", node_params(
                  system_prompt=args.system,
-                 sampling=codec.SamplingOverrides(max_tokens=args.max_tokens)))
+                 sampling=codec.SamplingOverrides(
+                     max_tokens=args.max_tokens, temperature=getattr(args, "temperature", None),
+                     seed=getattr(args, "seed", None))))
              .set_default_model_name(args.model))
     voice = codec.VoiceProfile(model_name=args.voice, emit_visemes=True) if speak else None
     wav_dir = Path(args.wav_dir) if speak else None

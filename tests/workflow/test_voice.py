@@ -480,12 +480,12 @@ def test_chat_speak_writes_a_wav_per_turn(server, voice_path, tmp_path):
     out_dir = tmp_path / "audio"
     proc = subprocess.run(
         [sys.executable, "-m", "tryll_fast.cli", "chat", "--host", host, "--port", str(port),
-         "--max-tokens", "24", "--speak", "--wav-dir", str(out_dir)],
+         "--max-tokens", "24", "--temperature", "0", "--speak", "--wav-dir", str(out_dir)],
         input="Hello there!\nWhat do you bake?\n/quit\n", capture_output=True, text=True,
         timeout=180)
     assert proc.returncode == 0, proc.stderr
     files = sorted(out_dir.glob("turn-*.wav"))
-    assert [f.name for f in files] == ["turn-001.wav", "turn-002.wav"]
+    assert [f.name for f in files] == ["turn-001.wav", "turn-002.wav"], proc.stdout
     for f in files:
         with wave.open(str(f)) as w:
             assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)

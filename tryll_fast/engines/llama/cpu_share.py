@@ -200,7 +200,9 @@ class LowThread:
             self._started = True
 
     def native_id(self) -> int:
-        self._start()
+        """The thread's kernel id (it starts here if it has not yet)."""
+        with self._lock:
+            self._start()
         return self._mod.native_id()
 
     def cpu_s(self) -> float | None:
