@@ -15,7 +15,10 @@ from tryll_fast.errors import ErrorCode
 from tryll_fast.workflow import snapshot
 from tryll_fast.workflow.dialog import Component, Dialog, Interaction
 from tryll_fast.workflow.graph import Graph
-from tryll_fast.workflow.nodes.summarize import dialog_text, plan_fold, still_applies
+from tryll_fast.workflow.nodes.summarize import (dialog_text, grounded, merge_notes,
+                                                 parse_notes,
+                                                 plan_fold, player_statements,
+                                                 still_applies)
 from tryll_fast.workflow.projection import SUMMARY_LABEL, Projection
 
 from flows import SMOL, create, create_error, gen, graph, node, texts, turn
@@ -120,6 +123,41 @@ def test_the_folded_dialog_reads_as_lines():
     assert dialog_text(d.interactions) == ("Player: question 1\nNPC: answer 1\n"
                                            "Player: question 2\nNPC: answer 2")
     assert dialog_text(d.interactions[:1], cut=3) == "Player: que...\nNPC: ans..."
+
+
+def test_notes_are_taken_from_the_players_statements_only():
+    d = Dialog()
+    d.append_scripted("I'm Aldric. Where is the inn?", "By the well.")
+    d.append_scripted("What smells so good?", "Rye bread, love.")
+    d.append_scripted("My sister Mira waits at home! Is it far?", "Not far.")
+    assert player_statements(d.interactions) == ["I'm Aldric.", "My sister Mira waits at home!"]
+    assert player_statements(d.interactions[:1], cut=4) == ["I'm"]
+
+
+def test_a_reply_becomes_notes_without_questions_or_nothing():
+    reply = ("- The player is Aldric.\n- The player said: \"Is it far?\"\n"
+             "- Nothing\n\n* The player has a horse called Thistle. - The player owes 12 silver.")
+    assert parse_notes(reply) == ["The player is Aldric.",
+                                  "The player has a horse called Thistle.",
+                                  "The player owes 12 silver."]
+    assert parse_notes("- Nothing") == parse_notes("The player said nothing.") == []
+
+
+def test_a_note_is_kept_only_when_the_players_words_ground_it():
+    said = "I'm Aldric, by the way. My horse is a grey mare called Thistle. Those rolls look crusty."
+    assert grounded("The player is Aldric.", said)
+    assert grounded("The player's horse is a grey mare called Thistle.", said)
+    assert grounded("The player has a grey mare.", said)
+    assert not grounded("The player has a favorite TV show.", said)
+    assert not grounded("John is from Highbarrow.", said)
+    assert not grounded("The player said:", said)
+
+
+def test_notes_are_appended_never_rewritten():
+    old = "The player is Aldric.\nThe player is a stonemason."
+    assert merge_notes(old, ["the player is aldric", "The player likes pie."]) == (
+        old + "\nThe player likes pie.")
+    assert merge_notes("", []) == ""
 
 
 # ---- how prompts show it ----
@@ -261,6 +299,7 @@ def test_change_agent_param_checks_the_same_with_3007(w):
 
 # ---- over the wire ----
 
+REWRITE = "You keep a short summary of a conversation between a player and a villager."
 FACT = "Hello! My name is Aldric and I am on a quest to find the silver key of Greyfen."
 TOPICS = ["the weather", "the price of bread", "the old mill", "the river fish",
           "the harvest festival", "the blacksmith", "the village well", "the night watch",
@@ -322,7 +361,9 @@ def chat(max_tokens=24, n_ctx=0, **sum_kw):
 
 @pytest.mark.model
 def test_the_summary_lands_in_the_background_and_the_next_turn_uses_it(w):
-    aid = create(w, chat(keep_recent_turns=2, trigger_turns=4, max_summary_tokens=64),
+    # a system prompt of the game's: the rewritten summary (notes are tested below)
+    aid = create(w, chat(keep_recent_turns=2, trigger_turns=4, max_summary_tokens=64,
+                         system_prompt=REWRITE),
                  enable_diagnostics=True)
     append(w, aid, [codec.DialogInteraction(user_message=FACT,
                                             assistant_message="Welcome, Aldric!")]
@@ -341,7 +382,8 @@ def test_the_summary_lands_in_the_background_and_the_next_turn_uses_it(w):
     p = diag(frames, "answer")
     assert p["summarized_interactions"] == 4 and p["history_interactions"] == 3
     assert f"{SUMMARY_LABEL}\n{summary['text']}" in p["prompt"]
-    assert FACT not in p["prompt"]
+    # the interaction it stands for is left out (its statement may be copied into a note)
+    assert "Welcome, Aldric!" not in p["prompt"] and f"user\n{FACT}" not in p["prompt"]
     d = diag(frames, "sum")
     assert d["summary"] == "not_triggered" and d["summarized"] == 4
     assert d["last_summary"]["status"] == "written" and d["last_summary"]["interactions"] == 4
@@ -349,7 +391,8 @@ def test_the_summary_lands_in_the_background_and_the_next_turn_uses_it(w):
     assert [i for i, _ in summaries(w, aid)] == [5]
     data = bytes(w.request(codec.ExportDialogRequest(request_id=w.rid(),
                                                      agent_id=aid)).snapshot)
-    other = create(w, chat(keep_recent_turns=2, trigger_turns=4, max_summary_tokens=64),
+    other = create(w, chat(keep_recent_turns=2, trigger_turns=4, max_summary_tokens=64,
+                           system_prompt=REWRITE),
                    enable_diagnostics=True)
     r = w.request(codec.ImportDialogRequest(request_id=w.rid(), agent_id=other, snapshot=data))
     assert isinstance(r, codec.ImportDialogResponse), r
@@ -359,13 +402,44 @@ def test_the_summary_lands_in_the_background_and_the_next_turn_uses_it(w):
 
 
 @pytest.mark.model
+def test_the_built_in_summary_keeps_notes_and_never_loses_one(w, model_file):
+    """Without a template or system prompt the node keeps notes of the player's own
+    statements: a fold of questions alone lands at once without asking the model, and
+    the notes of the first fold are still there, word for word, after later folds. On the
+    catalog's default model: SmolLM2-135M's notes are mostly invented, and left out."""
+    from tryll_fast.models import load_catalog
+    from tryll_fast.server.server import default_llm
+    model = default_llm(load_catalog(), "")
+    model_file(model)
+    aid = create(w, chat(keep_recent_turns=1, trigger_turns=3, max_summary_tokens=96),
+                 enable_diagnostics=True, default_model=model)
+    append(w, aid, [codec.DialogInteraction(user_message=FACT,
+                                            assistant_message="Welcome, Aldric!")]
+           + filler(3))
+    turn(w, aid, "Do you bake cakes?")
+    first = wait_for_summary(w, aid)
+    assert "Aldric" in first["text"]
+    covered = first["summarized_interaction_count"]
+    append(w, aid, filler(3, 3))
+    frames = turn(w, aid, "Do you bake pies?")
+    assert events(frames)[0][0] == "summary_started"
+    second = wait_for_summary(w, aid, covered)
+    d = diag(turn(w, aid, "And buns?"), "sum")
+    assert d["last_summary"]["status"] == "written"
+    assert d["last_summary"]["prompt_tokens"] == d["last_summary"]["summary_tokens"] == 0
+    assert second["text"] == first["text"]
+
+
+@pytest.mark.model
 def test_one_summarization_at_a_time_and_destroy_cancels_it(server, w):
     g = graph(node("sum", summarize(keep_recent_turns=0, trigger_turns=2,
                                     default_exit="reply")),
               node("reply", codec.CannedResponseParams(
                   lines=[codec.LocalizableText(text="Mm-hm.")])))
     aid = create(w, g, enable_diagnostics=True)
-    append(w, aid, filler(4))
+    # a statement to take notes of: a fold of questions alone lands at once, unasked
+    append(w, aid, [codec.DialogInteraction(user_message=FACT, assistant_message="Welcome!")]
+           + filler(3))
     first = turn(w, aid, "Tell me everything.")
     assert events(first)[0][0] == "summary_started"
     second = turn(w, aid, "And then?")              # sent at once: the first still runs
