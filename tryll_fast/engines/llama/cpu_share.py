@@ -199,6 +199,11 @@ class LowThread:
             self.idle_class = self._mod.start(max(os.sched_getaffinity(0)), LOW_NICE)
             self._started = True
 
+    def start(self) -> None:
+        """Starts the thread if it has not yet (it then waits, parked, for a job)."""
+        with self._lock:
+            self._start()
+
     def native_id(self) -> int:
         """The thread's kernel id (it starts here if it has not yet)."""
         with self._lock:
