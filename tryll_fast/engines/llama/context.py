@@ -95,11 +95,6 @@ class LlamaContext:
         self.n_ubatch = C.llama_n_ubatch(ctx)
         # set to stop the running decode (cpu_share.py: one starved at low priority)
         self._abort = cpu_share.abort_flag(C, ctx)
-        if self._abort is not None and cpu_share.governor.adaptive:
-            # with the first context, not at the first contended decode: the process's
-            # threads are settled once a model is loaded (a parked thread costs nothing,
-            # and one that appears later, under load, reads as a leak)
-            cpu_share.low_thread.start()
         self.adapters: tuple = ()
         self._next_pos = [0] * self.n_seq_max
         self._outputs: frozenset[int] = frozenset()

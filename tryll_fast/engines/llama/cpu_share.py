@@ -269,9 +269,15 @@ low_thread = LowThread()
 
 def abort_flag(C, ctx):
     """Gives `ctx` the C abort callback (_lowthread.pyx) and returns its flag (a ctypes int
-    that stops the context's running decode once set), or None without the module."""
+    that stops the context's running decode once set), or None without the module.
+
+    The low thread starts here, with the first context, not at the first contended
+    decode: the process's threads are settled once a model is loaded (a parked thread
+    costs nothing, and one that appears later, under load, reads as a leak)."""
     if not low_thread.available:
         return None
+    if governor.adaptive:
+        low_thread.start()
     from tryll_fast.engines.llama._lowthread import abort_callback_address
     flag = ctypes.c_int(0)
     C.llama_set_abort_callback(ctx, C.ggml_abort_callback(abort_callback_address()),

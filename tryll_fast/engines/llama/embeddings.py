@@ -119,8 +119,6 @@ class Embedder:
         self._threads_now = [n_threads, n_threads]
         # n_ubatch == n_batch: every decode is one micro-batch, so a stopped one is rerun
         self._abort = cpu_share.abort_flag(C, ctx)
-        if self._abort is not None and cpu_share.governor.adaptive:
-            cpu_share.low_thread.start()        # as LlamaContext does, at load
         self._batch = C.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._tok_buf = (C.llama_token * (self.max_tokens + 8))()
 

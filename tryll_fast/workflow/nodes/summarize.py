@@ -317,7 +317,7 @@ async def _summarize(agent, node: Node, job: SummaryJob, context: dict) -> None:
             text, folded = await _take_notes(projection, node, plan, ask, engine)
         else:
             render = _rewrite_request(spec.extra["template"], context, plan)
-            prompt, folded = _fit(projection, node, plan, render, BUILTIN_INSTRUCTION
+            prompt, folded = _fit(projection, node, plan.fold, render, BUILTIN_INSTRUCTION
                                   if not node.params.system_prompt
                                   else node.params.system_prompt)
             text = None
@@ -457,8 +457,7 @@ async def _take_notes(projection, node: Node, plan: FoldPlan, ask, engine):
         def render(k: int, cut: int | None, group=group) -> str:
             lines = "\n".join(f"- {s}" for s in player_statements(group[:k], cut))
             return NOTES_REQUEST.format(lines=lines)
-        part = FoldPlan(None, 0, group, plan.holder, plan.trigger)
-        prompt, took = _fit(projection, node, part, render, NOTES_INSTRUCTION,
+        prompt, took = _fit(projection, node, group, render, NOTES_INSTRUCTION,
                             with_previous=False)
         reply, _ = await ask(prompt)
         said = " ".join(player_statements(group[:took]))
@@ -476,12 +475,12 @@ async def _take_notes(projection, node: Node, plan: FoldPlan, ask, engine):
     return "\n".join(notes), folded
 
 
-def _fit(projection, node: Node, plan: FoldPlan, render, system: str, *,
+def _fit(projection, node: Node, fold: list[Interaction], render, system: str, *,
          with_previous: bool = True):
-    """The request's prompt and how many interactions it folds: all of them if they fit
-    the node's window (context size minus max_summary_tokens), else the most that do;
-    a first one too long on its own is cut. `render(k, cut)` is the request for the
-    first k interactions of the fold, each message cut to `cut` characters."""
+    """The request's prompt and how many of `fold` it takes: all of them if they fit the
+    node's window (context size minus max_summary_tokens), else the most that do; a first
+    one too long on its own is cut. `render(k, cut)` is the request for the first k
+    interactions, each message cut to `cut` characters."""
     spec = node.spec
 
     def build(k: int, cut: int | None = None):
@@ -494,10 +493,10 @@ def _fit(projection, node: Node, plan: FoldPlan, render, system: str, *,
                                 reserve=spec.max_tokens, max_history=0)
 
     try:
-        return build(len(plan.fold)), len(plan.fold)
+        return build(len(fold)), len(fold)
     except ProjectionError:
         pass
-    lo, hi, best = 1, len(plan.fold) - 1, None      # the most interactions that fit
+    lo, hi, best = 1, len(fold) - 1, None      # the most interactions that fit
     while lo <= hi:
         mid = (lo + hi) // 2
         try:
@@ -507,7 +506,7 @@ def _fit(projection, node: Node, plan: FoldPlan, render, system: str, *,
             hi = mid - 1
     if best is not None:
         return best
-    cut = max(len(m["content"] or "") for m in plan.fold[0].messages()) if plan.fold else 0
+    cut = max(len(m["content"] or "") for m in fold[0].messages()) if fold else 0
     for _ in range(_MAX_CUTS):
         cut //= 2
         try:
