@@ -95,12 +95,17 @@ def npcs_worker(throttle: float, n: int, max_tokens: int) -> int:
         for line in sys.stdin:
             if line.strip() == "start":
                 t0, n0 = time.perf_counter(), generated()
+                at_start = eng.status()
             elif line.strip() == "stop":
                 tokens, dt = generated() - n0, time.perf_counter() - t0
                 place = eng.model.placement_info()
+                st = eng.status()
                 print(json.dumps({"tokens": tokens, "seconds": dt,
                                   "tokens_per_s": tokens / dt,
-                                  "throttle_pauses": eng.status()["throttle_pauses"],
+                                  # this phase's decode steps and the pauses after them
+                                  "steps": st["steps"] - at_start["steps"],
+                                  "throttle_pauses": (st["throttle_pauses"]
+                                                      - at_start["throttle_pauses"]),
                                   "placement": place["placement"],
                                   "device": place["device"]}), flush=True)
                 break
@@ -218,6 +223,7 @@ def run_build(label: str, py: str, env: dict, *, seconds: float, throttles: list
                "missed": sum(w > period for w in work) / len(work),
                "npc_tokens_per_s": npc["tokens_per_s"] if npc else None,
                "npc_throttle_pauses": npc["throttle_pauses"] if npc else None,
+               "npc_steps": npc["steps"] if npc else None,
                "npc_device": (npc["device"] or "host") if npc else None}
         report["phases"].append(row)
         who = "game alone" if throttle is None else f"throttle {throttle:g}"

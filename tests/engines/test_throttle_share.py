@@ -1,8 +1,8 @@
 """`python -m benchmarks.share` (the game's side of the throttle, docs/benchmarks.md
 "Sharing the device with the game"): a game process and an NPC process on this build,
 briefly. The figures belong to the benchmark; here its two workers start, talk and report,
-and the throttle reaches the NPCs' engine: it pauses after its steps at 0.9 and never at 0,
-and the NPCs get fewer tokens a second for it."""
+and the throttle reaches the NPCs' engine: at 0.9 every decode step of the phase is
+followed by a pause, at 0 none is. How fast either side ran is the benchmark's to say."""
 import io
 import sys
 
@@ -22,7 +22,8 @@ def test_the_game_and_the_npcs_share_the_device_at_two_throttles():
     assert [p["throttle"] for p in report["phases"]] == [None, 0.0, 0.9]
     assert all(p["frames"] >= 3 for p in report["phases"]), out.getvalue()
     assert alone["npc_tokens_per_s"] is None
-    assert full["npc_throttle_pauses"] == 0 and throttled["npc_throttle_pauses"] > 0
+    assert full["npc_steps"] > 0 and full["npc_throttle_pauses"] == 0, out.getvalue()
     # at 0.9 the engine sleeps nine times its step's length after each step
-    assert 0 < throttled["npc_tokens_per_s"] < full["npc_tokens_per_s"] / 2, out.getvalue()
+    assert 0 < throttled["npc_steps"] == throttled["npc_throttle_pauses"], out.getvalue()
+    assert throttled["npc_tokens_per_s"] > 0
     assert "throttle 0.9" in out.getvalue()
