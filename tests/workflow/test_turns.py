@@ -351,6 +351,36 @@ def test_cancel_mid_stream(w, mode):
         assert "Tell me a very long story" not in prompt
 
 
+@pytest.mark.parametrize("send", [codec.SendMode.Whole, codec.SendMode.None_])
+def test_stop_and_keep_keeps_a_reply_that_was_not_streamed(w, send):
+    # The reply is not on the wire yet when the cancel comes, and StopAndKeep still keeps
+    # what was generated. The throttle (a pause of nine steps after each step) keeps the
+    # turn running long after its first tokens, so the cancel lands mid-reply.
+    aid = create(w, graph(node("answer", gen(max_tokens=200, send=send,
+                                             sampling=codec.SamplingOverrides(
+                                                 temperature=0, max_tokens=200)))),
+                 enable_diagnostics=True)
+    w.send(codec.SetInferenceThrottle(throttle=0.9))
+    try:
+        w.send(codec.SendMessageRequest(request_id=21, agent_id=aid,
+                                        text="Tell me a very long story about bread."))
+        time.sleep(2.0)
+        w.send(codec.CancelRequest(request_id=22, agent_id=aid,
+                                   mode=codec.CancelMode.StopAndKeep))
+        frames = w.recv_until(codec.TurnComplete)
+    finally:
+        w.send(codec.SetInferenceThrottle(throttle=0.0))
+    done = frames[-1]
+    assert done.status == Status.Cancelled and 0 < done.tokens_generated < 200
+    assert not any(a.text for a in answers(frames))       # nothing of it was sent
+    prompt = debug(turn(w, aid, "Go on."))["nodes"][0]["prompt"]
+    between = prompt.split("Tell me a very long story about bread.", 1)[1].split("Go on.")[0]
+    # the partial reply stands between the question and the next line, as the
+    # character's message (StopAndDiscard would drop the question; before, the question
+    # stood alone)
+    assert "assistant" in between, prompt
+
+
 def test_cancel_when_idle_is_a_noop_ack(w):
     aid = create(w, graph(node("c", canned("hi"))))
     assert isinstance(w.request(codec.CancelRequest(request_id=3, agent_id=aid)), codec.Ack)

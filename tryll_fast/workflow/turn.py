@@ -317,7 +317,7 @@ class Turn:
         handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
                                          template_text=template_text, placement=placement,
                                          input_slot=input_slot, stream=stream,
-                                         on_text=on_text, guard=guard)
+                                         on_text=on_text, guard=guard, reply=True)
         cut = handle.finish_reason == "length"
         text = complete_sentences(handle.text) if cut else handle.text
         if self._diag is not None and cut:
@@ -346,11 +346,13 @@ class Turn:
                         placement: int = 0, input_slot: str, stream=None, tools=None,
                         tool_mode: str = "", grammar=None, on_text=None,
                         max_history: int | None = None, score_tokens=None, guard=None,
-                        keep_template: bool = True):
+                        keep_template: bool = True, reply: bool = False):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
-        ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled (keeping a streamed
-        partial reply under StopAndKeep) or TurnFailure."""
+        ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled or TurnFailure; under
+        StopAndKeep a cancelled reply (`reply`: the character's words, streamed, sent whole
+        or not sent) keeps its partial text in the dialog, a classifier's or a tool
+        call's partial output does not."""
         agent = self.agent
         runtime = agent.runtime
         self._mark("node_start")
@@ -422,7 +424,7 @@ class Turn:
                 stream.finish()
                 self.finals += 1
             if (self.cancel_mode == codec.CancelMode.StopAndKeep and handle.text
-                    and stream is not None):
+                    and (reply or stream is not None)):
                 self.add_reply(node, handle.text).extra["truncated"] = True
             raise TurnCancelled()
         if handle.error is not None:
