@@ -278,6 +278,16 @@ def test_set_agent_voice_rules(w, voice_path):
     # unknown mode stays refused, neutral is always there
     w.request(codec.SetAgentDeliveryModeRequest(request_id=w.rid(), agent_id=agent,
                                                 mode="neutral"))
+    # neutral is no profile's own mode: a voice with a default moves to it, and says so;
+    # one without a default stays neutral, with nothing to say
+    ack = w.request(codec.SetAgentVoiceRequest(
+        request_id=w.rid(), agent_id=agent,
+        voice=profile(delivery_modes=modes[:1], default_delivery_mode="calm")))
+    assert "'neutral'" in ack.warning and "'calm'" in ack.warning, ack.warning
+    w.request(codec.SetAgentDeliveryModeRequest(request_id=w.rid(), agent_id=agent, mode=""))
+    ack = w.request(codec.SetAgentVoiceRequest(request_id=w.rid(), agent_id=agent,
+                                               voice=profile(delivery_modes=modes[:1])))
+    assert ack.warning == ""
     w.expect_error(codec.SetAgentDeliveryModeRequest(request_id=w.rid(), agent_id=agent,
                                                      mode="rushed"),
                    ErrorCode.UnknownDeliveryMode)

@@ -69,8 +69,8 @@ def _swap(session, agent, req):
     if old is not None:
         old.release()
     warning = ""
-    if mode and kept != mode:
-        warning = (f"delivery mode {mode!r} is not in the new voice; now "
+    if kept != mode:        # neutral too: no profile defines it as a mode of its own
+        warning = (f"delivery mode {mode or NEUTRAL!r} is not in the new voice; now "
                    f"{kept or NEUTRAL!r} (its default_delivery_mode)")
     return codec.Ack(request_id=req.request_id, agent_id=agent.id, warning=warning)
 
