@@ -32,6 +32,9 @@ SERVE_ARGS ?=
 LLM ?=
 # make serve: the pipeline transport's agents (ws://127.0.0.1:9101/pipeline?agent=innkeeper)
 PIPELINE_CONFIG ?= tryll_fast/gateway/example.toml
+# make serve: the source checkout's server settings (a ToolCall pause that nobody resumes
+# ends after 2 s, so a contributor notices the missing resume; the released server waits)
+SERVE_CONFIG ?= data/server-config.json
 PYTEST_ARGS ?=
 
 # llama-cpp-python compiles llama.cpp with -march=native. On a CPU that advertises AMX this
@@ -269,7 +272,7 @@ profile-build: $(PY)
 serve: install
 	$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) $(if $(LLM),&& \
 		$(VENV)/bin/tryll-fast models fetch --models-dir $(MODELS_DIR) $(LLM))
-	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) \
+	exec $(VENV)/bin/tryll-fast serve --models-dir $(MODELS_DIR) --config $(SERVE_CONFIG) \
 		--pipeline-config $(PIPELINE_CONFIG) $(if $(LLM),--llm $(LLM)) $(SERVE_ARGS)
 
 clean:

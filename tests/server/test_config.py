@@ -19,6 +19,17 @@ def test_defaults():
     assert all(v == "default" for v in cfg.sources.values())
 
 
+def test_a_source_checkout_serves_with_a_short_tool_call_pause():
+    # make serve reads data/server-config.json: a ToolCall pause nobody resumes ends after
+    # 2 s there, while the released server's default waits for ever
+    root = DOCS.parents[1]
+    cfg = load_config(config_file=root / "data" / "server-config.json", environ={})
+    assert cfg.workflow_tool_call_pause_timeout_ms == 2000
+    assert load_config(environ={}).workflow_tool_call_pause_timeout_ms == 0
+    make = (root / "Makefile").read_text()
+    assert "SERVE_CONFIG ?= data/server-config.json" in make and "--config $(SERVE_CONFIG)" in make
+
+
 def test_precedence_flags_over_env_over_file(tmp_path):
     f = tmp_path / "server.json"
     f.write_text(json.dumps({"port": 9200, "host": "127.0.0.2",
