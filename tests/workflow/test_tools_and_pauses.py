@@ -119,6 +119,12 @@ def test_every_disposition_with_a_call(w, disposition):
     assert d["parameters"]["mode"] == "require_call" and d["parameters"]["tool_count"] == 2
     assert d["parameters"]["tools"][0].startswith("open_door(door: string)")
     assert d["grammar"]["lazy"] is False
+    assert d["engine"]["chat_turn"] == {"has_grammar": True, "grammar_lazy": False}
+    assert d["engine"]["scheduler"]["generated_tokens"] > 0
+    # the turn's own summary of the calls it emitted
+    assert debug(frames)["tool_calls"] == [{"name": "open_door", "params": {"door": "front"},
+                                            "call_id": "c00000000"}]
+    assert "interaction" not in debug(frames)          # off by default
     # the answer node sees the exchange iff the disposition keeps it in history
     answer_prompt = nodes[1]["prompt"]
     if disposition in ACK:
@@ -155,6 +161,8 @@ def test_detect_only_drops_the_prose(w):
     chunks = [f for f in frames if isinstance(f, codec.AnswerText)]
     assert [c.text for c in chunks] == [""]           # only the turn's empty final chunk
     assert debug(frames)["nodes"][0]["grammar"]["lazy"] is True
+    assert debug(frames)["nodes"][0]["engine"]["chat_turn"]["grammar_lazy"] is True
+    assert debug(frames)["tool_calls"] == []
 
 
 def test_call_ids_are_unique_across_two_passes_through_one_node(w):
@@ -306,6 +314,30 @@ def test_server_default_tool_call_pause_timeout(tmp_path, model_file):
             w.nothing(0.4)
             w.send(codec.CancelRequest(request_id=2, agent_id=p))
             assert w.recv_until(codec.TurnComplete)[-1].status == Status.Cancelled
+    finally:
+        srv.shutdown(2)
+
+
+def test_diagnostics_settings_add_the_interaction_and_drop_the_engine_block(tmp_path,
+                                                                           model_file):
+    model_file("SmolLM2-135M-Instruct")
+    srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
+        "workflow.include_interaction_in_diagnostics=true",
+        "workflow.include_engine_diagnostics=false"])
+    try:
+        with Wire(srv.address, timeout=120) as w:
+            w.create_session()
+            aid = create(w, tool_graph(disposition=Disp.Acknowledge), enable_diagnostics=True)
+            d = debug(turn(w, aid, CALL))
+            assert all("engine" not in n for n in d["nodes"])
+            parts = d["interaction"]["components"]
+            [call] = [c for c in parts if c["type"] == "ToolCallRecord"]
+            [result] = [c for c in parts if c["type"] == "ToolResultComponent"]
+            assert call["name"] == result["name"] == "open_door"
+            assert call["call_id"] == result["call_id"] == d["tool_calls"][0]["call_id"]
+            assert result["producer"] == "server_synthetic" and result["text"] == "ok"
+            assert parts[0]["type"] == "user" and parts[0]["text"] == CALL
+            assert parts.index(call) < parts.index(result)
     finally:
         srv.shutdown(2)
 

@@ -1,5 +1,5 @@
-"""Pipeline elements and their three encodings, TEXT, JSON and MSGPACK (seed 001;
-docs/pipeline.md has the tables).
+"""Pipeline elements and their three encodings, TEXT, JSON and MSGPACK (the original
+product's pipeline protocol; docs/pipeline.md has the tables).
 
 An element is a type name and a dict of fields (`Element`). The same object model travels
 both ways; only the encoding differs, chosen per connection and per direction:
@@ -14,8 +14,8 @@ JSON and TEXT carry byte fields (binary.bytes, speech-item's item.bytes) as base
 Protocol version 1 names the multimodal interaction `MultimodalInteractionElement` in
 JSON and MSGPACK; both names are read in every version.
 
-The error element has a field named `type`, as the JSON discriminator is (the seed says
-so). JSON output writes the discriminator first and the error's own `type` as the last
+The error element has a field named `type`, as the JSON discriminator is (the original
+protocol's own field). JSON output writes the discriminator first and the error's own `type` as the last
 key of that name, which is what a JSON parser keeps; this decoder reads both (the first
 `type` is the discriminator), and an object whose single `type` is no element type but
 which has `source` and `message` is read as an error.

@@ -231,6 +231,14 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
             "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
             minimum=0),
+    Setting("workflow.include_engine_diagnostics", "bool", True,
+            "a turn's diagnostics (enable_diagnostics) carry each model node's engine "
+            "block: the scheduler's figures for its request and chat_turn (has_grammar, "
+            "grammar_lazy); off = no engine block"),
+    Setting("workflow.include_interaction_in_diagnostics", "bool", False,
+            "a turn's diagnostics carry its interaction snapshot: every component of the "
+            "exchange in order, tool calls (ToolCallRecord) and their results "
+            "(ToolResultComponent) linked by call_id"),
     Setting("workflow.kv_evict_tier", "str", "file",
             "where EvictAgentKvCache puts each conversation's KV: file (spilled to a file "
             "under llama.kv_spill_dir: the memory is given back and the next turn restores "
@@ -338,6 +346,8 @@ class ServerConfig:
     session_max_mutable_kbs: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
+    workflow_include_engine_diagnostics: bool
+    workflow_include_interaction_in_diagnostics: bool
     workflow_kv_evict_tier: str
     workflow_regex_timeout_ms: int
     llama_max_n_ctx: int

@@ -8,8 +8,8 @@ request at a time in arrival order, on the server's worker pool; long work (down
 streams, turns) is an Operation, which shutdown waits for and teardown cancels.
 
 Teardown (`connection_lost`) frees everything the session owns: operations are cancelled,
-its model pins and throttle contribution are dropped. The agents, storages and voice inputs
-of later issues register here the same way.
+its model pins and throttle contribution are dropped, and so are its agents, storages and
+voice inputs, which register here the same way.
 """
 from __future__ import annotations
 

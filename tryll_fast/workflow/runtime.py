@@ -30,6 +30,8 @@ class Limits:
     max_agents_per_session: int = 256
     regex_timeout_s: float = 0.05
     tool_call_pause_timeout_ms: int = 0     # 0 = a ToolCall pause waits forever
+    include_engine_diagnostics: bool = True          # each model node's `engine` block
+    include_interaction_in_diagnostics: bool = False  # the turn's `interaction` snapshot
     kv_evict_tier: str = "file"   # Evict: to a file or a host copy (fast restore), or free
     voice_chunk_ms: int = 40      # audio per TtsAudioFrame
 

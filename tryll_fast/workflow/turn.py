@@ -554,6 +554,18 @@ class Turn:
                        "shifted": st.shifted_tokens},
             "finish_reason": handle.finish_reason,
         }
+        if self.agent.runtime.limits.include_engine_diagnostics:
+            out["engine"] = {
+                "scheduler": {"queue_wait_ms": round(st.queue_wait_s * 1000, 3),
+                              "prefill_ms": round(st.prefill_s * 1000, 3),
+                              "decode_ms": round(st.decode_s * 1000, 3),
+                              "cached_tokens": st.cached_tokens,
+                              "prefilled_tokens": st.prefilled_tokens,
+                              "shared_prefix_tokens": st.prefix_tokens,
+                              "generated_tokens": st.tokens_generated},
+                "chat_turn": {"has_grammar": bool(sampling.grammar),
+                              "grammar_lazy": bool(sampling.grammar
+                                                   and sampling.grammar_triggers)}}
         if stream is not None:
             handoff, sent = stream.handoff_ns, stream.sent_ns
             out["stream"] = {"frames": stream.frames, "coalesced": stream.coalesced,
@@ -570,9 +582,37 @@ class Turn:
             "tokens_generated": self.tokens_generated,
             "total_ms": round((time.perf_counter() - self.t_start) * 1000, 3),
             "nodes": self._nodes_diag,
+            "tool_calls": [{"name": c.name, "params": _params(c.text),
+                            "call_id": c.extra.get("call_id", "")}
+                           for c in self.interaction.components if c.kind == "tool_call"],
+            **({"interaction": _snapshot(self.interaction)}
+               if self.agent.runtime.limits.include_interaction_in_diagnostics else {}),
             **({"kv_restore": self._kv_restore} if self._kv_restore else {}),
             **({"speech": self.audio.diagnostics()} if self.audio is not None else {}),
         }, ensure_ascii=False, default=str)
+
+
+def _params(arguments_json: str):
+    """A call's arguments as the JSON object they are (as written when they are not)."""
+    try:
+        return json.loads(arguments_json)
+    except ValueError:
+        return arguments_json
+
+
+# the names the interaction snapshot gives a component kind (the rest keep their own)
+_SNAPSHOT_KINDS = {"tool_call": "ToolCallRecord", "tool_result": "ToolResultComponent"}
+
+
+def _snapshot(inter) -> dict:
+    """The turn's interaction, component by component, for the diagnostics: a tool call
+    and its result (a client's, or the server's acknowledgement) share a call_id."""
+    return {"id": inter.id, "outcome": inter.outcome, "components": [
+        {"type": _SNAPSHOT_KINDS.get(c.kind, c.kind), "node_name": c.node_name,
+         "name": c.name, "role": c.role, "producer": c.producer, "text": c.text,
+         **({"call_id": c.extra["call_id"]} if "call_id" in c.extra else {}),
+         **({"state": c.extra["state"]} if "state" in c.extra else {})}
+        for c in inter.components]}
 
 
 def _both(first, second):
