@@ -327,6 +327,10 @@ def test_mistral_array_format():
                  '"id": "abc123xyz"}]')
     (c,) = r.calls
     assert c.model_id == "abc123xyz" and c.id == "c00000000"
+    # in the diagnostics, `id` is the model's own and `call_id` the server's
+    assert r.diagnostics()["tool_calls"] == [{"name": "get_weather", "call_id": "c00000000",
+                                             "arguments_json": '{"city": "Oslo"}',
+                                             "id": "abc123xyz"}]
 
 
 @pytest.mark.parametrize("fmt", [GENERIC, HERMES], ids=lambda f: f.name)
@@ -397,7 +401,8 @@ def test_call_ids_count_per_node_execution(tools):
     second = tools.parse(f"<tool_call>{WEATHER}</tool_call>", ids)
     assert [first.calls[0].id, second.calls[0].id] == ["c00000000", "c00000001"]
     assert failed.calls == ()
-    assert json.loads(json.dumps(second.diagnostics()))["tool_calls"][0]["id"] == "c00000001"
+    out = json.loads(json.dumps(second.diagnostics()))["tool_calls"][0]
+    assert out["call_id"] == "c00000001" and "id" not in out     # the model wrote none
 
 
 def test_tool_block_is_part_of_the_stable_prefix():

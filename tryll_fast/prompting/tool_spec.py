@@ -212,9 +212,12 @@ class ToolCall:
     model_id: str | None = None  # an id the model wrote itself (Mistral), if any
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "arguments_json": self.arguments_json, "id": self.id}
+        """The diagnostics' output.tool_calls[] entry: `id` is the model's own id, present
+        only when it wrote one; `call_id` is the server's, the one NodeEvents, tool
+        results and the dialog correlate by."""
+        d = {"name": self.name, "arguments_json": self.arguments_json, "call_id": self.id}
         if self.model_id:
-            d["model_id"] = self.model_id
+            d["id"] = self.model_id
         return d
 
 
