@@ -415,3 +415,17 @@ def test_tool_block_is_part_of_the_stable_prefix():
     pa, pb = f.stable_prefix(a), f.stable_prefix(b)
     assert pa == pb
     assert "You are Bob.\n\n# Tools" in pa.text and '"name": "give_item"' in pa.text
+
+
+def test_a_chain_of_thought_is_reported_never_parsed_or_answered(tools):
+    from tryll_fast.prompting.tools import split_reasoning
+    thought, rest = split_reasoning(
+        f"<think>The player wants the weather in Oslo. I could call it as "
+        f"<tool_call>{{}}</tool_call>.</think>\n\n<tool_call>{WEATHER}</tool_call>")
+    assert thought.startswith("The player wants") and thought.endswith("</tool_call>.")
+    (call,) = tools.parse(rest).calls            # the call after it, not the one inside
+    assert call.name == "get_weather"
+    # a thought the token budget cut off leaves nothing to answer with
+    assert split_reasoning("<think>Hmm, the weather") == ("Hmm, the weather", "")
+    assert split_reasoning("No thinking here.") == ("", "No thinking here.")
+    assert split_reasoning("I <think> so.") == ("", "I <think> so.")   # only an opening one

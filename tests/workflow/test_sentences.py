@@ -146,3 +146,32 @@ def test_tail_guard_streams_what_the_dialog_keeps(pieces, max_tokens, cut):
     guard.finish(cut)
     expected = text[:max(len(complete_sentences(text)), early)] if cut else text
     assert "".join(sink.chunks) == expected
+
+
+def _through_thought_filter(chunks):
+    from tryll_fast.workflow.sentences import ThoughtFilter
+    out = []
+    f = ThoughtFilter(out.append)
+    for c in chunks:
+        f.feed(c)
+    f.flush()
+    return "".join(out)
+
+
+REPLY_WITH_THOUGHT = "<think>\nThe traveller asks the price. It is 2 silver.\n</think>\n\nTwo silver."
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(REPLY_WITH_THOUGHT) - 1), max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_a_chain_of_thought_never_reaches_the_player_however_it_is_chunked(cuts):
+    cuts = sorted(set(cuts))
+    chunks = [REPLY_WITH_THOUGHT[a:b] for a, b in
+              zip([0, *cuts], [*cuts, len(REPLY_WITH_THOUGHT)])]
+    assert _through_thought_filter(chunks) == "Two silver."
+
+
+def test_a_reply_without_a_thought_passes_whole():
+    assert _through_thought_filter(["Hello", " there."]) == "Hello there."
+    assert _through_thought_filter(["<", "b>bold</b>"]) == "<b>bold</b>"   # not the tag
+    assert _through_thought_filter(["<thi"]) == "<thi"         # ended before it was one
+    assert _through_thought_filter(["<think>still thinking"]) == ""   # cut off mid-thought

@@ -82,6 +82,20 @@ def _names_a_call(out: str, at: int) -> bool:
     return _NAMED.match(out, at) is not None
 
 
+# A reasoning model's chain of thought (Qwen3, DeepSeek-R1 and their kin write it between
+# these tags before the answer); one cut off by the token budget has no closing tag.
+_THINK = re.compile(r"\A\s*<think>(.*?)(?:</think>|\Z)\s*", re.DOTALL)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(the chain of thought a reply opens with, the rest): the thought is reported
+    (output.reasoning_content), never parsed for calls, shown or spoken."""
+    m = _THINK.match(text)
+    if m is None:
+        return "", text
+    return m.group(1).strip(), text[m.end():]
+
+
 # --------------------------------------------------------------------------- the tool set
 
 class ToolSet:

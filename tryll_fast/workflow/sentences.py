@@ -249,3 +249,49 @@ def _abbreviation(buf: str, dot: int) -> bool:
     if len(word) == 1 and word.isalpha():
         return True                     # an initial: "J. R. R. Tolkien"
     return word in _ABBREVIATIONS
+
+
+class ThoughtFilter:
+    """Keeps a reasoning model's chain of thought (a reply that opens with <think>, up to
+    its </think>) out of what is shown and spoken: the text after it passes on to `sink`,
+    leading whitespace dropped. A reply that does not open with the tag passes at once, but
+    for the few characters that could still be its start. On the engine's thread; `flush()`
+    once the generation has ended."""
+
+    __slots__ = ("sink", "state", "buf")
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self, sink) -> None:
+        self.sink = sink
+        self.state = "start"            # start | thinking | after | pass
+        self.buf = ""
+
+    def feed(self, text: str) -> None:
+        if self.state == "pass":
+            self.sink(text)
+            return
+        self.buf += text
+        if self.state == "start":
+            head = self.buf.lstrip()
+            if not head or self.OPEN.startswith(head):
+                return                  # could still be the opening tag
+            if not head.startswith(self.OPEN):
+                self.state, out, self.buf = "pass", self.buf, ""
+                self.sink(out)
+                return
+            self.state, self.buf = "thinking", head[len(self.OPEN):]
+        if self.state == "thinking":
+            end = self.buf.find(self.CLOSE)
+            if end < 0:
+                return
+            self.state, self.buf = "after", self.buf[end + len(self.CLOSE):]
+        rest = self.buf.lstrip()
+        if rest:
+            self.state, self.buf = "pass", ""
+            self.sink(rest)
+
+    def flush(self) -> None:
+        """The generation ended: a held start that never became the tag goes out."""
+        if self.state == "start" and self.buf:
+            out, self.buf, self.state = self.buf, "", "pass"
+            self.sink(out)

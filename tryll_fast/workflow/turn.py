@@ -36,12 +36,13 @@ from tryll_fast.engines.errors import EngineError
 from tryll_fast.engines.roles import SamplingParams
 from tryll_fast.errors import ErrorCode
 from tryll_fast.prompting.character import framed
+from tryll_fast.prompting.tools import split_reasoning
 from tryll_fast.workflow import kv, templates
 from tryll_fast.workflow._stream import AnswerStream
 from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.dialog import USER_SLOT, Component
 from tryll_fast.workflow.projection import ProjectionError
-from tryll_fast.workflow.sentences import TailGuard, complete_sentences
+from tryll_fast.workflow.sentences import ThoughtFilter, TailGuard, complete_sentences
 from tryll_fast.workflow.speech import SpeechStrand, TurnAudio
 
 log = logging.getLogger("tryll_fast.workflow")
@@ -319,9 +320,13 @@ class Turn:
                                          input_slot=input_slot, stream=stream,
                                          on_text=on_text, guard=guard, reply=True)
         cut = handle.finish_reason == "length"
-        text = complete_sentences(handle.text) if cut else handle.text
-        if self._diag is not None and cut:
-            self._diag["cut_at_sentence"] = len(handle.text) - len(text)
+        reasoning, said = split_reasoning(handle.text)
+        text = complete_sentences(said) if cut else said
+        if self._diag is not None:
+            if cut:
+                self._diag["cut_at_sentence"] = len(said) - len(text)
+            if reasoning:
+                self._diag["reasoning_content"] = reasoning
         if stream is not None:
             guard.finish(cut)
             stream.finish()
@@ -393,6 +398,10 @@ class Turn:
         text_sink = feed
         if on_text is not None:
             text_sink = on_text if feed is None else _both(feed, on_text)
+        # a reply's chain of thought is never shown or spoken (nor kept: generate())
+        thought = ThoughtFilter(text_sink) if reply and text_sink is not None else None
+        if thought is not None:
+            text_sink = thought.feed
         unregister = self.session.on_resume(engine.wake)
         t_submit = time.perf_counter()
         try:
@@ -411,6 +420,8 @@ class Turn:
         finally:
             unregister()
         self._handles.discard(handle)
+        if thought is not None:
+            thought.flush()
         self.tokens_generated += handle.stats.tokens_generated
         if self._diag is not None:
             self._diag.update(self._llm_diag(spec, sampling, prompt, handle, stream,
@@ -423,9 +434,10 @@ class Turn:
             if stream is not None:
                 stream.finish()
                 self.finals += 1
-            if (self.cancel_mode == codec.CancelMode.StopAndKeep and handle.text
+            kept = split_reasoning(handle.text)[1] if reply else handle.text
+            if (self.cancel_mode == codec.CancelMode.StopAndKeep and kept
                     and (reply or stream is not None)):
-                self.add_reply(node, handle.text).extra["truncated"] = True
+                self.add_reply(node, kept).extra["truncated"] = True
             raise TurnCancelled()
         if handle.error is not None:
             raise TurnFailure(f"node {node.name!r}: {handle.error}")

@@ -30,7 +30,9 @@ never the answer: only the prose before it is (prompting/tools.py).
 from __future__ import annotations
 
 from tryll_fast import codec
-from tryll_fast.prompting.tools import GENERIC, CallIds, ToolSet, mode_name, normalize_tools
+from tryll_fast.prompting.tools import (
+    GENERIC, CallIds, ToolSet, mode_name, normalize_tools, split_reasoning,
+)
 from tryll_fast.workflow.dialog import Component
 from tryll_fast.workflow.graph import CompileContext, Node, NodeType
 from tryll_fast.workflow.nodes.generate import check_slot
@@ -119,10 +121,14 @@ class ToolCallNode(NodeType):
                                           input_slot=x["input"], tools=toolset,
                                           tool_mode=mode, grammar=lambda t: t.grammar(mode))
         inter = turn.interaction
-        result = ts.parse(handle.text, CallIds(start=inter.calls_made))
+        reasoning, reply = split_reasoning(handle.text)
+        result = ts.parse(reply, CallIds(start=inter.calls_made))
         inter.calls_made += len(result.calls)
         dname = DISPOSITION_NAMES[disposition]
-        turn.note(node, parameters=_parameters(x, ts, p, spec), output=result.diagnostics(),
+        output = result.diagnostics()
+        if reasoning:
+            output["reasoning_content"] = reasoning
+        turn.note(node, parameters=_parameters(x, ts, p, spec), output=output,
                   grammar={"lazy": mode != "require_call", "format": ts.format.name})
         if not result.calls:
             # a call the parser could not read is not an answer: only the prose before it
