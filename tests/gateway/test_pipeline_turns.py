@@ -9,7 +9,7 @@ import pytest
 
 from tryll_fast.gateway import elements as el
 
-from pipeclients import Pipe, SocketIOPipe, agent_of, is_command, tokens_text, wait_for
+from pipeclients import SMOL, Pipe, SocketIOPipe, agent_of, is_command, tokens_text, wait_for
 
 pytestmark = pytest.mark.model
 FORMATS = ("TEXT", "JSON", "MSGPACK")
@@ -126,3 +126,32 @@ def test_classified_attributes_become_a_visual_state(models):
     assert set(state["signals"]) == {"topic"}
     assert state["signals"]["topic"] in ("food", "weather", "travel")
     assert turn.index(visual) < next(i for i, e in enumerate(turn) if e.type == "token")
+
+
+def test_api_memory_is_get_memory_consumption_as_json(models):
+    # the monitor's GET /api/memory and the wire's GetMemoryConsumption share one collector:
+    # the same rows, whichever door asks (here after the turns above left KV behind)
+    import http.client
+    import json
+
+    from tryll_fast import codec
+    from tryll_fast.server.memory import as_json
+    from wire import Wire
+    server, gateway, _ = models
+    with Wire(server.address, timeout=60) as w:
+        w.create_session()
+        w.request(codec.LoadModelRequest(request_id=6, model_name=SMOL))   # held meanwhile
+        conn = http.client.HTTPConnection(*gateway.address, timeout=60)
+        conn.request("GET", "/api/memory")
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("Cache-Control") == "no-cache"
+        http_view = json.loads(response.read())
+        conn.close()
+        wire_view = as_json(w.request(codec.GetMemoryConsumptionRequest(request_id=7)))
+
+    def rows(view):          # the outbound-queue rows depend on who is reading
+        return sorted(json.dumps(e, sort_keys=True) for e in view["entries"]
+                      if e["owner_kind"] != "Other")
+    assert any(e["owner_kind"] == "Model" for e in http_view["entries"])
+    assert rows(http_view) == rows(wire_view)
+    assert [t["tier"] for t in http_view["tiers"]] == ["Ram", "Vram", "MappedFile"]

@@ -211,6 +211,7 @@ class Gateway:
         app.router.add_get("/", self._lab_page)
         app.router.add_get("/lab/{name}", self._lab_file)
         app.router.add_get("/agents", self._agents)
+        app.router.add_get("/api/memory", self._memory)
         self.sio.attach(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -253,6 +254,14 @@ class Gateway:
         return web.json_response({"agents": agents,
                                   "default": default.name if default else None},
                                  headers={"Cache-Control": "no-cache"})
+
+    async def _memory(self, request: web.Request) -> web.Response:
+        """The server's memory, every session's included: the same collector and the same
+        rows as GetMemoryConsumption, as JSON (enum members by name)."""
+        from tryll_fast.server import memory
+        server = self.server
+        snap = await asyncio.to_thread(memory.snapshot, server, 0, server.describe_key)
+        return web.json_response(memory.as_json(snap), headers={"Cache-Control": "no-cache"})
 
     # ---- connections (loop) ----
 

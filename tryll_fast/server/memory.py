@@ -115,6 +115,22 @@ def snapshot(server, request_id: int,
         entries=entries)
 
 
+def as_json(snap) -> dict:
+    """A GetMemoryConsumptionResponse as the monitor's GET /api/memory returns it: the same
+    fields, enum members by name."""
+    return {
+        "captured_at_ms": snap.captured_at_ms,
+        "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
+                   "total_bytes": t.total_bytes} for t in snap.tiers],
+        "entries": [{"owner_kind": Kind(e.owner_kind).name, "tier": Tier(e.tier).name,
+                     "size_bytes": e.size_bytes,
+                     "consumer_class": codec.InferenceConsumerClass(e.consumer_class).name,
+                     "owner_name": e.owner_name, "model_name": e.model_name,
+                     "session_id": e.session_id, "agent_id": e.agent_id,
+                     "node_name": e.node_name, "shared": e.shared} for e in snap.entries],
+    }
+
+
 def _on_device(entries: list, share: float) -> list:
     """KV rows of a model with `share` of its layers on a GPU: that share of each row's
     cells is in device memory (llama.cpp keeps a layer's KV where the layer is)."""
