@@ -166,15 +166,35 @@ def test_load_model_placement_outside_the_enum_is_2005(packaged):
 
 
 def test_a_model_whose_engine_is_not_in_the_build_is_6008(tmp_path):
+    # on every path that would load it: LoadModel, a graph's language model, an agent's
+    # voice, a voice input's recogniser; the message names the model, its role and engine
+    from flows import graph, gen, node
     cat = catalog_toml(tmp_path / "cat.toml", [
         file_entry("dummy", tmp_path / "d.src", b"abc", role="llm", engine="mock")
-        .replace('description = "test entry"', 'description = "test entry"\ncontext_size = 64')])
+        .replace('description = "test entry"', 'description = "test entry"\ncontext_size = 64'),
+        file_entry("dummy-voice", tmp_path / "v.src", b"abc", role="tts", engine="mock"),
+        file_entry("dummy-ears", tmp_path / "e.src", b"abc", role="stt", engine="mock")])
     srv = start_server(tmp_path, catalog=cat)
     try:
         with session_wire(srv) as w:
-            err = w.expect_error(codec.LoadModelRequest(request_id=9, model_name="dummy"),
-                                 ErrorCode.EngineNotAvailable)
-        assert "dummy" in err.message and "mock" in err.message
+            refused = [
+                w.expect_error(codec.LoadModelRequest(request_id=9, model_name="dummy"),
+                               ErrorCode.EngineNotAvailable),
+                w.expect_error(codec.CreateAgentRequest(
+                    request_id=10, graph=graph(node("a", gen(model_name="dummy")))),
+                    ErrorCode.EngineNotAvailable),
+                w.expect_error(codec.CreateAgentRequest(
+                    request_id=11, graph=graph(node("a", codec.SpeakParams())),
+                    voice=codec.VoiceProfile(model_name="dummy-voice")),
+                    ErrorCode.EngineNotAvailable),
+                w.expect_error(codec.CreateVoiceInputRequest(
+                    request_id=12, model_name="dummy-ears", input_format=codec.WireAudioFormat(
+                        sample_rate=16000, channels=1, bits_per_sample=16)),
+                    ErrorCode.EngineNotAvailable)]
+        for err, (name, role) in zip(refused, [("dummy", "llm"), ("dummy", "llm"),
+                                               ("dummy-voice", "tts"), ("dummy-ears", "stt")]):
+            assert name in err.message and role in err.message and "mock" in err.message, \
+                err.message
     finally:
         srv.shutdown(2)
 

@@ -126,8 +126,10 @@ def check_voice(profile, *, speaks: bool, catalog, engines: set[str],
         if entry.role != "tts":
             raise bad("model_name", f"{name!r} is a {entry.role} model, not a voice (tts)")
         if entry.engine not in engines:
-            raise bad("model_name", f"{name!r} runs on {entry.engine}, which this server "
-                                    "build does not have")
+            raise TryllError(ErrorCode.EngineNotAvailable,
+                             f"voice.model_name: {name!r} (role {entry.role}) runs on engine "
+                             f"{entry.engine}, which this server build does not have",
+                             model=name, role=entry.role, engine=entry.engine)
         if speaks and not downloaded(name):
             raise TryllError(ErrorCode.GraphCompilationFailed,
                              f"voice.model_name: {name!r} is not downloaded; download it "

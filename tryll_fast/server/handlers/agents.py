@@ -48,8 +48,10 @@ def model_resolver(server, code: int, cache: dict | None = None):
             raise TryllError(code, f"{where}: model {name!r} is a {entry.role} model; this "
                                      "node needs a language model")
         if entry.engine not in server.models.loaders:
-            raise TryllError(code, f"{where}: model {name!r} runs on {entry.engine}, which "
-                                     "this server build does not have")
+            raise TryllError(ErrorCode.EngineNotAvailable,
+                             f"{where}: model {name!r} (role {entry.role}) runs on engine "
+                             f"{entry.engine}, which this server build does not have",
+                             model=name, role=entry.role, engine=entry.engine)
         if not server.models.store.is_downloaded(name):
             raise TryllError(code, f"{where}: model {name!r} is not downloaded; download it "
                                      "first (DownloadModelRequest): CreateAgent never downloads")
@@ -87,6 +89,17 @@ def agent_of(session, agent_id: int) -> Agent:
         raise TryllError(ErrorCode.InvalidAgentId,
                          f"agent_id {agent_id} names no agent of this session")
     return agent
+
+
+def load_refused(exc: ModelError, code: ErrorCode, what: str) -> TryllError:
+    """The error a request answers when a model it needs is refused at load: the request's
+    own code (`what`, then the model layer's reason), except a model whose engine is not
+    in this build, which is 6008 EngineNotAvailable on every path (it names the model, its
+    role and the engine), so a client tells a build without an engine from a bad request."""
+    if exc.code == ErrorCode.EngineNotAvailable:
+        return TryllError(ErrorCode.EngineNotAvailable, f"{what}: {exc.message}",
+                          model=exc.model, role=exc.role, engine=exc.engine)
+    return TryllError(code, f"{what}: {exc.message}")
 
 
 @handles("CreateAgentRequest")
@@ -142,8 +155,8 @@ def _create(session, req):
             prefill = {"contexts": report.contexts_created, "tokens": report.tokens_decoded}
     except ModelError as exc:
         agent.release()
-        raise TryllError(ErrorCode.GraphCompilationFailed,
-                         f"a model of the graph cannot be loaded: {exc.message}") from None
+        raise load_refused(exc, ErrorCode.GraphCompilationFailed,
+                           "a model of the graph cannot be loaded") from None
     except BaseException:
         agent.release()
         raise

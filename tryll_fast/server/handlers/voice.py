@@ -14,7 +14,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, TryllError
 from tryll_fast.models import ModelError
 from tryll_fast.server.dispatch import handles
-from tryll_fast.server.handlers.agents import agent_of, voice_checker
+from tryll_fast.server.handlers.agents import agent_of, load_refused, voice_checker
 from tryll_fast.workflow.voice import NEUTRAL, clamp_intensity
 
 
@@ -48,9 +48,8 @@ def _swap(session, agent, req):
         try:
             lease = session.server.models.lease(voice.model)     # the voice is ready first
         except ModelError as exc:
-            raise TryllError(ErrorCode.InvalidVoiceProfile,
-                             f"voice.model_name: {voice.model!r} cannot be loaded: "
-                             f"{exc.message}") from None
+            raise load_refused(exc, ErrorCode.InvalidVoiceProfile,
+                               f"voice.model_name: {voice.model!r} cannot be loaded") from None
     try:
         with agent.lock:
             agent.admit("SetAgentVoiceRequest", "a turn started before the voice changed")

@@ -16,6 +16,7 @@ from tryll_fast import codec
 from tryll_fast.errors import ErrorCode, ModelError, TryllError
 from tryll_fast.knowledge import paths as storage
 from tryll_fast.server.dispatch import handles
+from tryll_fast.server.handlers.agents import load_refused
 from tryll_fast.server.logs import fields
 from tryll_fast.voice_input._audio import MAX_CHANNELS, MAX_RATE, MIN_RATE
 from tryll_fast.voice_input.handle import VadSettings, VoiceInput
@@ -132,8 +133,8 @@ def _create(session, req, rate: int, channels: int, vad: VadSettings):
     try:
         lease = server.models.lease(name)
     except ModelError as exc:
-        raise TryllError(ErrorCode.SttModelLoadFailed,
-                         f"model_name {name!r} cannot be loaded: {exc.message}") from None
+        raise load_refused(exc, ErrorCode.SttModelLoadFailed,
+                           f"model_name {name!r} cannot be loaded") from None
     engine = lease.obj
     if getattr(engine, "vad", None) is None:
         lease.release()
