@@ -1,4 +1,4 @@
-"""The pipeline element codec (seed 001): every element type round-trips in JSON and
+"""The pipeline element codec (the pipeline protocol): every element type round-trips in JSON and
 MSGPACK, and in TEXT as far as TEXT carries it; the TEXT shorthands; the error element's
 shared `type`; protocol version 1's legacy name; malformed input gives specific errors."""
 import json

@@ -1,4 +1,4 @@
-"""Session and dispatch rules of SPEC §2 and seed 000, over real sockets."""
+"""Session and dispatch rules of the wire protocol, over real sockets."""
 import math
 import struct
 

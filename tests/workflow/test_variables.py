@@ -1,4 +1,4 @@
-"""Agent variables: declaration, atomic batches, every error code (seed 000)."""
+"""Agent variables: declaration, atomic batches, every error code of the wire protocol."""
 import math
 
 import pytest
