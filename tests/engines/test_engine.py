@@ -374,6 +374,26 @@ def test_throttle_serves_background_last(smollm2_model):
     assert bg.stats.tokens_generated > 0
 
 
+def test_throttle_serves_the_three_classes_in_order(smollm2_model):
+    # under throttle a step holds only the most urgent class active: the streamed text
+    # (Interactive) first, then the buffered work, then the background's
+    counts = {}
+    with LlamaEngine(smollm2_model, n_ctx=1024, n_slots=3, n_batch=128, throttle=0.2) as eng:
+        with eng.hold():
+            bg = eng.submit(chatml("Count to five."), max_tokens=8, priority=Priority.BACKGROUND)
+            buf = eng.submit(chatml("Name a bird."), max_tokens=8, priority=Priority.BUFFERED,
+                             on_finish=lambda _h: counts.setdefault(
+                                 "when buffered finished", bg.stats.tokens_generated))
+            it = eng.submit(chatml("Say hi."), max_tokens=8, on_finish=lambda _h: counts.setdefault(
+                "when interactive finished", (buf.stats.tokens_generated,
+                                              bg.stats.tokens_generated)))
+        for h in (it, buf, bg):
+            h.result(WAIT_S)
+    assert counts["when interactive finished"] == (0, 0)
+    assert counts["when buffered finished"] == 0
+    assert min(h.stats.tokens_generated for h in (it, buf, bg)) > 0
+
+
 def test_a_background_prompt_waits_for_interactive_first_tokens(smollm2_model):
     """Without a throttle too: a Background prompt (a summary being prepared) is not
     decoded while an Interactive request waits for its first token, and its chunks are

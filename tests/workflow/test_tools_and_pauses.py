@@ -120,6 +120,7 @@ def test_every_disposition_with_a_call(w, disposition):
     assert d["parameters"]["tools"][0].startswith("open_door(door: string)")
     assert d["grammar"]["lazy"] is False
     assert d["engine"]["chat_turn"] == {"has_grammar": True, "grammar_lazy": False}
+    assert d["engine"]["class"] == "buffered"           # nobody watches a call stream
     assert d["engine"]["scheduler"]["generated_tokens"] > 0
     # the turn's own summary of the calls it emitted
     assert debug(frames)["tool_calls"] == [{"name": "open_door", "params": {"door": "front"},

@@ -381,6 +381,20 @@ def test_stop_and_keep_keeps_a_reply_that_was_not_streamed(w, send):
     assert "assistant" in between, prompt
 
 
+@pytest.mark.parametrize("send,workload,served_as", [
+    (codec.SendMode.Streamed, codec.AgentWorkload.Interactive, "interactive"),
+    (codec.SendMode.Whole, codec.AgentWorkload.Interactive, "buffered"),
+    (codec.SendMode.None_, codec.AgentWorkload.Interactive, "buffered"),
+    (codec.SendMode.Streamed, codec.AgentWorkload.Background, "background"),
+])
+def test_each_node_is_served_in_its_throttle_class(w, send, workload, served_as):
+    # text a player watches stream is protected last under throttle; an interactive
+    # agent's buffered reply comes after it, a Background agent's work after both
+    aid = create(w, graph(node("answer", gen(max_tokens=4, send=send))),
+                 enable_diagnostics=True, workload=workload)
+    assert debug(turn(w, aid, "Hello."))["nodes"][0]["engine"]["class"] == served_as
+
+
 def test_cancel_when_idle_is_a_noop_ack(w):
     aid = create(w, graph(node("c", canned("hi"))))
     assert isinstance(w.request(codec.CancelRequest(request_id=3, agent_id=aid)), codec.Ack)

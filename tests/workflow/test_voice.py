@@ -233,6 +233,7 @@ def test_generate_and_speak_streams_text_and_speaks_it(w, voice_path):
     node_diag = d["nodes"][0]
     assert node_diag["type"] == "GenerateAndSpeak"
     assert node_diag["speech"]["sentences"] >= 2
+    assert node_diag["engine"]["class"] == "buffered"   # streamed, but what counts is heard
     # the first sentence was spoken while the model was still writing: its audio came
     # before the text's terminator
     first_audio = next(i for i, f in enumerate(frames) if isinstance(f, codec.TtsAudioFrame))

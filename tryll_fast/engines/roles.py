@@ -18,9 +18,13 @@ from tryll_fast.engines.errors import InvalidRequest
 
 
 class Priority(enum.IntEnum):
-    """Queue class: Interactive requests are admitted (and, under throttle, stepped) first."""
+    """Queue class, the order requests are admitted and, under throttle, stepped in:
+    INTERACTIVE is text a player watches stream (protected last), BUFFERED an interactive
+    agent's work nobody watches token by token (a reply spoken or sent whole, a tool call,
+    a classification), BACKGROUND a Background agent's work or a summary (slowed first)."""
     INTERACTIVE = 0
-    BACKGROUND = 1
+    BUFFERED = 1
+    BACKGROUND = 2
 
 
 class FinishReason(str, enum.Enum):

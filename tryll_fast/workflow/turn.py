@@ -33,7 +33,7 @@ from typing import Any
 
 from tryll_fast import codec
 from tryll_fast.engines.errors import EngineError
-from tryll_fast.engines.roles import SamplingParams
+from tryll_fast.engines.roles import Priority, SamplingParams
 from tryll_fast.errors import ErrorCode
 from tryll_fast.prompting.character import framed
 from tryll_fast.prompting.tools import split_reasoning
@@ -306,8 +306,8 @@ class Turn:
         self.note(node, instruction=name, text=text)
 
     async def generate(self, node, spec, *, system_prompt: str, template_text: str,
-                       placement: int, input_slot: str, send: int, on_text=None
-                       ) -> tuple[str, bool]:
+                       placement: int, input_slot: str, send: int, on_text=None,
+                       visible: bool | None = None) -> tuple[str, bool]:
         """Run the node's model on its projection; stream per `send`; return the reply and
         whether the token budget cut it. `on_text` also gets every chunk (on the engine's
         thread). A cut reply ends at its last complete sentence: in the dialog, in the
@@ -318,7 +318,9 @@ class Turn:
         handle, _ = await self.run_model(node, spec, system_prompt=system_prompt,
                                          template_text=template_text, placement=placement,
                                          input_slot=input_slot, stream=stream,
-                                         on_text=on_text, guard=guard, reply=True)
+                                         on_text=on_text, guard=guard, reply=True,
+                                         visible=stream is not None if visible is None
+                                         else visible)
         cut = handle.finish_reason == "length"
         reasoning, said = split_reasoning(handle.text)
         text = complete_sentences(said) if cut else said
@@ -347,17 +349,26 @@ class Turn:
                             text=template_text, role=where[1], producer="node",
                             extra={"where": where[0]}))
 
+    def priority(self, visible: bool):
+        """The engine class of this turn's model request (engines/roles.py, Priority)."""
+        if self.agent.priority == Priority.BACKGROUND:
+            return Priority.BACKGROUND
+        return Priority.INTERACTIVE if visible else Priority.BUFFERED
+
     async def run_model(self, node, spec, *, system_prompt: str, template_text: str = "",
                         placement: int = 0, input_slot: str, stream=None, tools=None,
                         tool_mode: str = "", grammar=None, on_text=None,
                         max_history: int | None = None, score_tokens=None, guard=None,
-                        keep_template: bool = True, reply: bool = False):
+                        keep_template: bool = True, reply: bool = False,
+                        visible: bool = False):
         """Project, submit, await the engine; returns (the finished RequestHandle, the
         ToolSet used or None). `tools` is a ToolSet or formatter -> ToolSet, `grammar` a
         ToolGrammar or ToolSet -> ToolGrammar. Raises TurnCancelled or TurnFailure; under
         StopAndKeep a cancelled reply (`reply`: the character's words, streamed, sent whole
         or not sent) keeps its partial text in the dialog, a classifier's or a tool
-        call's partial output does not."""
+        call's partial output does not. `visible`: text a player watches stream, the
+        engine's most protected class under throttle (the rest of an interactive agent's
+        work is Buffered; a Background agent's is Background)."""
         agent = self.agent
         runtime = agent.runtime
         self._mark("node_start")
@@ -406,7 +417,7 @@ class Turn:
         t_submit = time.perf_counter()
         try:
             handle = engine.submit(prompt.tokens, key=agent.conv_key(node.name),
-                                   sampling=sampling, priority=agent.priority,
+                                   sampling=sampling, priority=self.priority(visible),
                                    shared_prefix_len=prompt.shared_prefix_len,
                                    on_text=text_sink,
                                    on_finish=finished, gate=self.conn, lane=lane)
@@ -568,6 +579,9 @@ class Turn:
         }
         if self.agent.runtime.limits.include_engine_diagnostics:
             out["engine"] = {
+                # the class the scheduler served it in: interactive (streamed text),
+                # buffered, background (slowed first under throttle)
+                "class": Priority(handle.priority).name.lower(),
                 "scheduler": {"queue_wait_ms": round(st.queue_wait_s * 1000, 3),
                               "prefill_ms": round(st.prefill_s * 1000, 3),
                               "decode_ms": round(st.decode_s * 1000, 3),

@@ -5,14 +5,15 @@ A step packs, within n_batch, one token for every sequence that is generating
 prompt chunks of sequences that are prefilling, in admission order. After the
 decode each sequence that asked for logits samples from its own batch index
 with its own sampler chain. Requests join (admit) and leave (finish) between
-steps; requests beyond the free slots wait, Interactive before Background and
-FIFO within a class.
+steps; requests beyond the free slots wait, Interactive before Buffered before
+Background and FIFO within a class.
 
-Under throttle > 0 Background sequences are left out of steps while an
-Interactive one is active (they are served last); the engine sleeps between
-steps. Throttle never changes what a sequence samples from a given batch.
-Whatever the throttle, a Background prompt is not decoded while an Interactive
-request waits for its first token (a summary being prepared must not delay the
+Under throttle > 0 a step holds only the most urgent class among the active
+sequences: Buffered and Background sequences are left out while an Interactive
+one is active, Background ones while a Buffered one is (they are served last);
+the engine sleeps between steps. Throttle never changes what a sequence samples
+from a given batch. Whatever the throttle, a Background prompt is not decoded
+while an Interactive or Buffered request waits for its first token (a summary being prepared must not delay the
 reply a player waits for), and its chunks are capped by prefill_while_decoding,
 so an Interactive request arriving meanwhile waits for a short step at most.
 
@@ -125,8 +126,7 @@ class Scheduler:
         cache_ids = list(range(n_slots, ctx.n_seq_max))
         self.cache = PrefixCache(ctx, cache_ids, prefix_cell_budget)
         self.slots = SlotTable(ctx, self.cache, conv_ids, spill, evict_to)
-        self.waiting = {Priority.INTERACTIVE: collections.deque(),
-                        Priority.BACKGROUND: collections.deque()}
+        self.waiting = {prio: collections.deque() for prio in Priority}
         self.running: list[Request] = []
         self.throttle = 0.0
         # prompt tokens a step may carry while sequences are generating (0 = n_batch)
@@ -145,8 +145,7 @@ class Scheduler:
         self.waiting[req.priority].append(req)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting[Priority.INTERACTIVE]
-                    or self.waiting[Priority.BACKGROUND])
+        return bool(self.running or any(self.waiting.values()))
 
     def sweep_cancelled(self) -> None:
         for r in self.running:
@@ -157,7 +156,7 @@ class Scheduler:
     def admit(self) -> int:
         """Start queued requests while slots allow; returns how many started."""
         started = 0
-        for prio in (Priority.INTERACTIVE, Priority.BACKGROUND):
+        for prio in Priority:
             q = self.waiting[prio]
             for r in list(q):
                 if r.handle.cancelled:
@@ -238,8 +237,9 @@ class Scheduler:
 
     def _plan(self):
         active = [r for r in self.running if not r.finished]
-        if self.throttle > 0 and any(r.priority == Priority.INTERACTIVE for r in active):
-            active = [r for r in active if r.priority == Priority.INTERACTIVE]
+        if self.throttle > 0 and active:
+            first = min(r.priority for r in active)
+            active = [r for r in active if r.priority == first]
         budget = self.ctx.n_batch
         entries, plan = [], []
         for r in active:
@@ -253,7 +253,7 @@ class Scheduler:
             # Streams are waiting for this step: a long prompt decoded alongside them
             # would stall every one of them for the whole chunk.
             budget = min(budget, self.prefill_while_decoding)
-        interactive_prefill = any(r.next_token is None and r.priority == Priority.INTERACTIVE
+        interactive_prefill = any(r.next_token is None and r.priority < Priority.BACKGROUND
                                   for r in active)
         for r in active:
             if r.next_token is None and budget > 0:
@@ -448,6 +448,7 @@ class Scheduler:
         return {
             "running": len(self.running),
             "waiting_interactive": len(self.waiting[Priority.INTERACTIVE]),
+            "waiting_buffered": len(self.waiting[Priority.BUFFERED]),
             "waiting_background": len(self.waiting[Priority.BACKGROUND]),
             "free_slots": len(self.slots.free),
             "conversations": len(self.slots.convs),

@@ -32,7 +32,7 @@ log = logging.getLogger("tryll_fast.engines.speech")
 
 # Throttle pause after a sentence = synthesis time x factor x t / (1 - t), at most
 # MAX_PAUSE_S (t = 1: MAX_PAUSE_S). The language model's factor is 1 (engines/llama).
-SPEECH_YIELD = {Priority.INTERACTIVE: 2.0, Priority.BACKGROUND: 4.0}
+SPEECH_YIELD = {Priority.INTERACTIVE: 2.0, Priority.BUFFERED: 2.0, Priority.BACKGROUND: 4.0}
 MAX_PAUSE_S = 0.5
 DEFAULT_LOOKAHEAD_S = 20.0
 _AGAIN: Any = object()          # _next() finished cancelled requests; look again

@@ -81,7 +81,8 @@ class GenerateAndSpeakNode(GenerateNode):
                                             template_text=rendered,
                                             placement=int(p.placement),
                                             input_slot=spec.extra["input"],
-                                            send=int(p.send), on_text=on_text)
+                                            send=int(p.send), on_text=on_text,
+                                            visible=False)     # spoken: Buffered
         except BaseException:
             strand.cancel()
             raise
