@@ -300,10 +300,49 @@ def _bodies():
     ]
 
 
+def _filled(cls, rid: int):
+    """An instance of a message table with each scalar and string field set away from its
+    default (an int to a small value, a float to 0.5, a bool to True, a string to
+    multi-byte UTF-8): a seed for a message type the hand-written bodies above leave out.
+    Enums, tables, vectors and unions keep their defaults."""
+    import enum
+    default = cls()
+    kwargs = {}
+    for field in cls.FIELDS:
+        v = getattr(default, field)
+        if isinstance(v, bool):
+            kwargs[field] = True
+        elif isinstance(v, enum.Enum):
+            continue
+        elif isinstance(v, int):
+            kwargs[field] = rid if field == "request_id" else 7
+        elif isinstance(v, float):
+            kwargs[field] = 0.5
+        elif isinstance(v, str) or v is None and field.endswith(("name", "text", "id_str")):
+            kwargs[field] = f"{field} ☀ Grüße"
+    try:
+        codec.encode(cls(**kwargs))
+        return cls(**kwargs)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def _every_type(covered: set) -> list:
+    """One seed for each MessageBody member no hand-written body covers."""
+    out = []
+    for member in codec.MessageBody:
+        if member.value and member.name not in covered:
+            out.append((f"{member.name}_filled", _filled(getattr(codec, member.name),
+                                                         1000 + member.value)))
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _named_seeds() -> tuple:
     out = []
-    for name, body in _bodies():
+    bodies = _bodies()
+    bodies += _every_type({type(body).__name__ for _, body in bodies})
+    for name, body in bodies:
         frame = codec.encode(body)
         out.append((name, frame[4:]))
     return tuple(out)
