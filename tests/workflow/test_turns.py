@@ -719,3 +719,40 @@ def test_a_window_slide_keeps_the_kv_of_the_turns_that_stay(w):
     # the interactions that stay came from the KV, moved down; only the new message is new
     assert slid["tokens"]["shifted"] > 0
     assert slid["tokens"]["prefilled"] < 40 < slid["tokens"]["cached"]
+
+
+def test_a_turn_that_outlives_its_time_limit_ends_with_4002(tmp_path, model_file):
+    from wire import MODELS_DIR, start_server
+    model_file(SMOL)
+    srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
+        "workflow.turn_timeout_ms=300", f"workflow.default_llm={SMOL}"])
+    try:
+        with Wire(srv.address, timeout=120) as w:
+            w.create_session()
+            aid = create(w, graph(node("answer", gen(max_tokens=400, sampling=codec.SamplingOverrides(
+                temperature=0, max_tokens=400)))), enable_diagnostics=True)
+            w.send(codec.SendMessageRequest(request_id=5, agent_id=aid,
+                                            text="Tell me a very long story about bread."))
+            frames = w.recv_until(codec.TurnComplete)
+            [err] = [f for f in frames if isinstance(f, codec.ErrorResponse)]
+            assert err.code == ErrorCode.InferenceTimeout and err.request_id == 5
+            assert "turn_timeout_ms = 300" in err.message and "'answer'" in err.message
+            done = frames[-1]
+            assert done.status == Status.Error and 0 < done.tokens_generated < 400
+            # the agent is idle again (a second turn is admitted, not AgentBusy)
+            w.send(codec.SendMessageRequest(request_id=8, agent_id=aid, text="Hi"))
+            assert w.recv_until(codec.TurnComplete)[-1].request_id == 8
+            # a pause waits for the client, which the limit does not count
+            g = graph(node("wait", codec.PauseParams(default_exit="c")),
+                      node("c", canned("Resumed.")))
+            paused = create(w, g)
+            w.send(codec.SendMessageRequest(request_id=6, agent_id=paused, text="go"))
+            while not (isinstance(f := w.recv(), codec.NodeEvent) and f.event_type == "paused"):
+                pass
+            time.sleep(0.6)
+            assert isinstance(w.request(codec.ResumeAgentRequest(request_id=7,
+                                                                 agent_id=paused)), codec.Ack)
+            frames = w.recv_until(codec.TurnComplete)
+            assert frames[-1].status == Status.Success and texts(frames) == "Resumed."
+    finally:
+        srv.shutdown(2)

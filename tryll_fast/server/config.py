@@ -231,6 +231,10 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a ToolCall pause waits for ResumeAgentRequest when the node's "
             "pause_timeout_ms is 0 (0 = forever); expiry ends the turn with PauseTimedOut",
             minimum=0),
+    Setting("workflow.turn_timeout_ms", "int", 0,
+            "how long a turn may work (its pauses for the client not counted) before it "
+            "ends with 4002 InferenceTimeout and TurnComplete(Error), its interaction "
+            "removed as for any failure; 0 = no limit", minimum=0),
     Setting("workflow.include_engine_diagnostics", "bool", True,
             "a turn's diagnostics (enable_diagnostics) carry each model node's engine "
             "block: the scheduler's figures for its request and chat_turn (has_grammar, "
@@ -346,6 +350,7 @@ class ServerConfig:
     session_max_mutable_kbs: int
     workflow_max_agents_per_session: int
     workflow_tool_call_pause_timeout_ms: int
+    workflow_turn_timeout_ms: int
     workflow_include_engine_diagnostics: bool
     workflow_include_interaction_in_diagnostics: bool
     workflow_kv_evict_tier: str

@@ -143,6 +143,7 @@ class Server:
             max_agents_per_session=config.workflow_max_agents_per_session,
             regex_timeout_s=config.workflow_regex_timeout_ms / 1000.0,
             tool_call_pause_timeout_ms=config.workflow_tool_call_pause_timeout_ms,
+            turn_timeout_ms=config.workflow_turn_timeout_ms,
             include_engine_diagnostics=config.workflow_include_engine_diagnostics,
             include_interaction_in_diagnostics=(
                 config.workflow_include_interaction_in_diagnostics),

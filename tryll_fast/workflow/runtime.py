@@ -30,6 +30,7 @@ class Limits:
     max_agents_per_session: int = 256
     regex_timeout_s: float = 0.05
     tool_call_pause_timeout_ms: int = 0     # 0 = a ToolCall pause waits forever
+    turn_timeout_ms: int = 0                # 0 = a turn has no time limit
     include_engine_diagnostics: bool = True          # each model node's `engine` block
     include_interaction_in_diagnostics: bool = False  # the turn's `interaction` snapshot
     kv_evict_tier: str = "file"   # Evict: to a file or a host copy (fast restore), or free

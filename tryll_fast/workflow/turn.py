@@ -66,6 +66,10 @@ class TurnCancelled(Exception):
     pass
 
 
+class TurnOverTime(TurnFailure):
+    """The turn outlived workflow.turn_timeout_ms: it ends with 4002 InferenceTimeout."""
+
+
 class TurnTimedOut(Exception):
     """A pause outlived its timeout with no timeout exit: TurnComplete(PauseTimedOut)."""
 
@@ -111,6 +115,10 @@ class Turn:
         self._strands: list[SpeechStrand] = []
         self.t_start = time.perf_counter()
         self.t_start_mono = time.monotonic()
+        # workflow.turn_timeout_ms: when the turn's own work must end (pauses, which wait
+        # for the client, move it on; None = no limit)
+        limit_ms = agent.runtime.limits.turn_timeout_ms
+        self.deadline = self.t_start + limit_ms / 1000.0 if limit_ms > 0 else None
 
     # ---- control (any thread) ----
 
@@ -141,6 +149,7 @@ class Turn:
                 self.steps += 1
                 if self.steps > limit:
                     raise TurnFailure(f"Max steps per turn ({limit}) exceeded")
+                self._check_time(node.name)
                 self._last_node = node.name
                 self._begin_node(node)
                 exit_name = await node.type.run(self, node)
@@ -157,6 +166,9 @@ class Turn:
             status = Status.PauseTimedOut
         except asyncio.CancelledError:
             status = Status.Cancelled
+        except TurnOverTime as exc:
+            status = Status.Error
+            self._error(str(exc), ErrorCode.InferenceTimeout)
         except TurnFailure as exc:
             status = Status.Error
             self._error(str(exc))
@@ -185,11 +197,21 @@ class Turn:
                                 "tokens_decoded": report.tokens_decoded,
                                 "tokens_reused": report.tokens_reused}
 
-    def _error(self, message: str) -> None:
+    def _error(self, message: str, code: ErrorCode = ErrorCode.InferenceFailed) -> None:
         if self._diag is not None:
             self._diag["error"] = message
-        self.session.send_error(self.request_id, ErrorCode.InferenceFailed, message,
-                                self.agent.id)
+        self.session.send_error(self.request_id, code, message, self.agent.id)
+
+    def _check_time(self, node_name: str) -> float | None:
+        """Seconds the turn has left (None: no limit); TurnOverTime when none."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            limit = self.agent.runtime.limits.turn_timeout_ms
+            raise TurnOverTime(f"node {node_name!r}: the turn outlived its time limit "
+                               f"(workflow.turn_timeout_ms = {limit})")
+        return left
 
     def _finish(self, status) -> None:
         agent = self.agent
@@ -427,7 +449,18 @@ class Turn:
             self._handles.add(handle)
             if self.cancelled:
                 handle.cancel()
-            await done
+            left = self._check_time(node.name)
+            if left is None:
+                await done
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(done), left)
+                except asyncio.TimeoutError:
+                    handle.cancel()
+                    await done              # the engine stops before its next token
+                    self._handles.discard(handle)
+                    self.tokens_generated += handle.stats.tokens_generated
+                    self._check_time(node.name)
         finally:
             unregister()
         self._handles.discard(handle)
@@ -491,6 +524,8 @@ class Turn:
         try:
             outcome = await wake
         finally:
+            if self.deadline is not None:     # waiting for the client is not the turn's
+                self.deadline += time.perf_counter() - t0
             if timer is not None:
                 timer.cancel()
             with agent.lock:
