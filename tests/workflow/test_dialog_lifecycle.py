@@ -601,6 +601,14 @@ def test_kv_prefill_status_evict_restore(server, w):
     synced = kv(w, codec.PrefillAgentKvCacheRequest, aid)
     assert synced.prefix_status == Prefix.Current and synced.tokens_reused > 0
 
+    # a dialog changed from outside is no longer what the KV holds
+    append(w, aid, ("I sell wool.", "Good wool keeps a body warm."))
+    assert kv(w, codec.GetAgentKvCacheStatusRequest, aid).prefix_status == Prefix.NotCurrent
+    assert kv(w, codec.PrefillAgentKvCacheRequest, aid).prefix_status == Prefix.Current
+    remove(w, aid, 1)
+    assert kv(w, codec.GetAgentKvCacheStatusRequest, aid).prefix_status == Prefix.NotCurrent
+    assert kv(w, codec.PrefillAgentKvCacheRequest, aid).prefix_status == Prefix.Current
+
     key = repr(("agent", aid, "answer"))
     e = kv(w, codec.EvictAgentKvCacheRequest, aid)
     assert isinstance(e, codec.EvictAgentKvCacheResponse), e

@@ -117,9 +117,16 @@ class Agent:
         self.kv_evicted = kv_init == codec.KvCacheInitialization.DeferAllocation
         self.kv_job_done = threading.Event()     # clear while a KV-cache request runs
         self.kv_job_done.set()
+        # the dialog was edited from outside since the KV was last synced (kv.status)
+        self.kv_prefix_stale = False
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self._state}>"
+
+    def dialog_edited(self) -> None:
+        """Interactions were appended or removed from outside a turn: the KV prefix no
+        longer counts as current until a prefill or the next turn syncs it."""
+        self.kv_prefix_stale = True
 
     # ---- state (call these with `lock` held) ----
 

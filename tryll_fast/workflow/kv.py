@@ -122,6 +122,8 @@ def prefill(agent, timeout: float = 300.0) -> KvReport:
         report.tokens_decoded += st.prefilled_tokens
         report.tokens_reused += reused
     agent.kv_evicted = False
+    if report.prefix_status == PrefixStatus.Current:
+        agent.kv_prefix_stale = False
     return report
 
 
@@ -181,7 +183,9 @@ def status(agent) -> KvReport:
         entry.update(prefix_tokens=len(tokens), held_tokens=held["tokens"] if held else 0,
                      current=bool(held and held["holds_prefix"]))
         current = current and entry["current"]
-    if current:
+    # a dialog edited from outside (Append / RemoveInteractions) invalidates the prefix
+    # until a prefill or a turn syncs it again, whatever cells happen to match
+    if current and not agent.kv_prefix_stale:
         report.prefix_status = PrefixStatus.Current
     return report
 

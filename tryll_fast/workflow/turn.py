@@ -142,6 +142,7 @@ class Turn:
         try:
             if agent.kv_evicted:
                 await self._restore_kv()
+            agent.kv_prefix_stale = False       # this turn's requests sync the KV
             node = agent.graph.nodes[agent.graph.start]
             while node is not None:
                 if self.cancelled:

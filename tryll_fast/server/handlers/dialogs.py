@@ -38,6 +38,8 @@ def append_interactions(session, req):
             if pair.user_message or pair.assistant_message:
                 agent.dialog.append_scripted(pair.user_message, pair.assistant_message)
                 n += 1
+        if n:
+            agent.dialog_edited()
     return codec.AppendInteractionsResponse(request_id=req.request_id, agent_id=agent.id,
                                             appended_count=n)
 
@@ -48,6 +50,8 @@ def remove_interactions(session, req):
     with agent.lock:
         agent.admit("RemoveInteractionsFromEndRequest", "dialog edits only while idle")
         n = agent.dialog.remove_from_end(req.count)
+        if n:
+            agent.dialog_edited()
     return codec.RemoveInteractionsFromEndResponse(request_id=req.request_id,
                                                    agent_id=agent.id, removed_count=n)
 
