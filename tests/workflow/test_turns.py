@@ -663,6 +663,30 @@ def test_memory_rows_name_the_agent(server, w):
     assert rows[0].consumer_class == codec.InferenceConsumerClass.VisibleText
 
 
+def test_memory_is_server_wide_and_answered_during_a_turn(server, w):
+    # another session's agent shows in this session's snapshot, and a snapshot asked while
+    # that agent's turn runs is answered (never AgentBusy), by both sessions
+    aid = create(w, graph(node("answer", gen(max_tokens=200, sampling=codec.SamplingOverrides(
+        temperature=0, max_tokens=200)))))
+    turn(w, aid, "Hi")                                    # its KV rows exist from here on
+    w.send(codec.SendMessageRequest(request_id=41, agent_id=aid,
+                                    text="Tell me a very long story about bread."))
+    first = w.recv()
+    with Wire(server.address, timeout=60) as other:
+        other.create_session()
+        snap = other.request(codec.GetMemoryConsumptionRequest(request_id=42))
+        assert isinstance(snap, codec.GetMemoryConsumptionResponse), snap
+        mine = w.request(codec.GetMemoryConsumptionRequest(request_id=43))
+        assert isinstance(mine, codec.GetMemoryConsumptionResponse), mine
+    # the turn's frames that came in while the snapshot was awaited are kept in w.other
+    done = [f for f in w.other if isinstance(f, codec.TurnComplete)] \
+        or w.recv_until(codec.TurnComplete)[-1:]
+    assert done[0].request_id == 41
+    assert any(e.agent_id == aid for e in snap.entries)       # seen from the other session
+    assert {e.session_id for e in snap.entries if e.agent_id == aid} == \
+        {e.session_id for e in mine.entries if e.agent_id == aid} != {0}
+
+
 def test_shutdown_lets_a_running_turn_finish(model_file, tmp_path):
     from wire import MODELS_DIR, start_server
     srv = start_server(tmp_path, models_dir=MODELS_DIR, overrides=[
