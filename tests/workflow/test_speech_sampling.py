@@ -43,3 +43,28 @@ def test_only_the_speaking_nodes_get_dry():
 def test_a_model_without_dry_settings_samples_as_before():
     for n in compiled("SmolLM2-135M-Instruct").nodes.values():
         assert not [k for k in n.spec.sampling if k.startswith("dry_")]
+
+
+def test_max_tokens_comes_from_the_node_else_the_model_else_the_node_type():
+    import dataclasses
+    catalog = load_catalog()
+    plain = dataclasses.replace(catalog[QWEN], default_sampling={
+        k: v for k, v in catalog[QWEN].default_sampling.items() if k != "max_tokens"})
+
+    def max_tokens(entry, **tool_sampling):
+        ctx = CompileContext(node_names=frozenset(), default_model=QWEN,
+                             variables=Variables(()),
+                             resolve_model=lambda name, where: (entry, 4096))
+        nodes = compile_graph(graph(
+            node("talk", codec.GenerateParams(system_prompt="You are Brenna.")),
+            node("tool", codec.ToolCallParams(
+                system_prompt="You are Brenna.", tools=[TOOL],
+                sampling=codec.SamplingOverrides(**tool_sampling) if tool_sampling
+                else None))), ctx, TYPES).nodes
+        return nodes["talk"].spec.sampling["max_tokens"], nodes["tool"].spec.sampling[
+            "max_tokens"]
+
+    assert catalog[QWEN].default_sampling["max_tokens"] == 256
+    assert max_tokens(catalog[QWEN]) == (256, 256)         # the model's default
+    assert max_tokens(plain) == (256, 758)                 # none: each node type's own
+    assert max_tokens(plain, max_tokens=40) == (256, 40)   # the node's own wins
