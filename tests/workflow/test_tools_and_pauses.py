@@ -121,6 +121,10 @@ def test_every_disposition_with_a_call(w, disposition):
     assert d["grammar"]["lazy"] is False
     assert d["engine"]["chat_turn"] == {"has_grammar": True, "grammar_lazy": False}
     assert d["engine"]["class"] == "buffered"           # nobody watches a call stream
+    # input.prompt[]: the messages the model was given, the player's line last
+    roles = [m["role"] for m in d["input"]["prompt"]]
+    assert roles[0] == "system" and roles[-1] == "user", roles
+    assert d["input"]["prompt"][-1]["content"] == CALL
     assert d["engine"]["scheduler"]["generated_tokens"] > 0
     # the turn's own summary of the calls it emitted
     assert debug(frames)["tool_calls"] == [{"name": "open_door", "params": {"door": "front"},
