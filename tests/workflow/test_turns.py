@@ -663,6 +663,17 @@ def test_memory_rows_name_the_agent(server, w):
     assert rows[0].consumer_class == codec.InferenceConsumerClass.VisibleText
 
 
+def test_a_node_reads_an_upstream_node_s_output_as_its_input(w):
+    # `input` names another node: that node's output stands where the player's line would
+    g = graph(node("rumour", canned("The mill burned down last night.", default_exit="tell")),
+              node("tell", gen(max_tokens=4, input="rumour", send=codec.SendMode.None_)))
+    aid = create(w, g, enable_diagnostics=True)
+    prompt = debug(turn(w, aid, "What news?"))["nodes"][1]["prompt"]
+    # the user turn of the prompt is the rumour, and the player's line is not in it
+    assert "user\nThe mill burned down last night." in prompt, prompt
+    assert "What news?" not in prompt, prompt
+
+
 def test_memory_is_server_wide_and_answered_during_a_turn(server, w):
     # another session's agent shows in this session's snapshot, and a snapshot asked while
     # that agent's turn runs is answered (never AgentBusy), by both sessions
