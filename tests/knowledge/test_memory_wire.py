@@ -341,3 +341,20 @@ def test_the_asyncio_client_has_the_same_handle(server):
             assert await c.load_game_memory("async-slot") == (1, [])
             assert (await kb.stats())["live"] == 2
     asyncio.run(main())
+
+
+def test_a_save_that_cannot_be_written_is_8109_and_leaves_nothing_behind(w, server):
+    # the save's file name is taken by a directory: the atomic rename cannot land
+    ensure(w, "facts")
+    write(w, "facts", ("a", "The well is dry.", ""))
+    folder = Path(server.config.storage_root) / "memory"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "slot-blocked.tgmf").mkdir()
+    before = sorted(p.name for p in folder.iterdir())
+    err = w.expect_error(codec.SaveGameMemoryRequest(request_id=w.rid(), save_id="slot-blocked"),
+                         E.GameMemoryWriteFailed)
+    assert "slot-blocked" in err.message
+    assert sorted(p.name for p in folder.iterdir()) == before      # no half-written file
+    assert isinstance(w.request(codec.SaveGameMemoryRequest(request_id=w.rid(),
+                                                            save_id="slot-free")),
+                      codec.SaveGameMemoryResponse)              # the session is fine
