@@ -109,3 +109,22 @@ def test_bad_audio_is_refused(engine):
     with pytest.raises(InvalidRequest):
         engine.submit(np.zeros((2, 10), np.float32), key=1, final=True)
     assert engine.transcribe(np.zeros(16000, np.float32)).strip() in ("", ".", "you")
+
+
+def test_the_session_language_is_a_hint_for_multilingual_models_only(engine, sentence):
+    # tiny.en knows English only: whatever the locale, it decodes as it always does
+    assert not engine.multilingual
+    assert engine.hint("de-DE") is None and engine.hint("en") is None
+    req = engine.submit(sentence, key="lang", final=True, language="de-DE")
+    assert req.language is None
+    req.wait(60)
+    assert "mill" in req.text.lower()
+    # a multilingual model starts its transcript with the session's language token, or
+    # its own for a code it does not know (the tokenizer is the same family's)
+    import copy
+    multi = copy.copy(engine)
+    multi.multilingual, multi._languages, multi._by_language = True, frozenset({"de"}), {}
+    assert multi.hint("de-AT") == "de" and multi.hint("tlh") is None
+    tok, prompt = multi._prompt_for("de")
+    assert tok.encode(" ") and prompt[1] == engine.model.hf_tokenizer.token_to_id("<|de|>")
+    assert multi._prompt_for(None)[1] == engine._prompt

@@ -76,7 +76,8 @@ class Counters:
 class VoiceInput:
     def __init__(self, vid: int, *, send: Callable[[Any], None], engine, lease,
                  sample_rate: int, channels: int, vad: VadSettings,
-                 hotwords: str | None, notify: Callable[["VoiceInput"], None]) -> None:
+                 hotwords: str | None, notify: Callable[["VoiceInput"], None],
+                 locale: Callable[[], str] = lambda: "") -> None:
         self.id = vid
         self.send = send                    # send(body): a frame to the client, any thread
         self.engine = engine                # the SpeechToText engine (with .vad)
@@ -84,6 +85,8 @@ class VoiceInput:
         self.vad_settings = vad
         self.hotwords = hotwords
         self.notify = notify                # wakes the listener for this handle
+        # the session's locale as it is now: the language hint of a multilingual model
+        self.locale = locale
         self.resampler = Resampler(sample_rate, channels)
         self.sample_rate = sample_rate
         self.channels = channels
@@ -287,7 +290,8 @@ class VoiceInput:
         audio = self.ring.read(lo, hi)
         self.counters.finals += 1
         self.engine.submit(audio, key=self, final=True, hotwords=self.hotwords,
-                           on_done=lambda req: self._on_final(req, gen, seg))
+                           on_done=lambda req: self._on_final(req, gen, seg),
+                           language=self.locale())
 
     def _partial(self, stop: int) -> None:
         pad = self.vad_settings.speech_pad_ms * OUT_RATE // 1000
@@ -296,7 +300,7 @@ class VoiceInput:
         self.counters.partials += 1
         self.partial_req = self.engine.submit(
             self.ring.read(lo, stop), key=self, final=False, hotwords=self.hotwords,
-            on_done=lambda req: self._on_partial(req, gen, seq))
+            on_done=lambda req: self._on_partial(req, gen, seq), language=self.locale())
 
     def _maybe_finish(self, events: list) -> bool:
         """With lock: the closed utterance is complete once every segment is decoded."""

@@ -50,15 +50,17 @@ LOOP_COMPRESSION = 2.4          # Whisper's own threshold for a repetitive outpu
 
 
 class SttRequest:
-    __slots__ = ("audio", "key", "final", "hotwords", "on_done", "state", "text", "error",
-                 "t_submit", "t_start", "t_done", "decode_s", "_done")
+    __slots__ = ("audio", "key", "final", "hotwords", "language", "on_done", "state", "text",
+                 "error", "t_submit", "t_start", "t_done", "decode_s", "_done")
 
     def __init__(self, audio, key, final: bool, hotwords: str | None,
-                 on_done: Callable[["SttRequest"], None] | None) -> None:
+                 on_done: Callable[["SttRequest"], None] | None,
+                 language: str | None = None) -> None:
         self.audio = audio
         self.key = key
         self.final = final
         self.hotwords = hotwords
+        self.language = language        # the session's language hint; None: the model's
         self.on_done = on_done
         self.state = "queued"          # queued -> running -> done | failed; or cancelled
         self.text = ""
@@ -105,7 +107,7 @@ class WhisperEngine:
         except ImportError as exc:  # pragma: no cover - a declared dependency
             raise ModelLoadError(f"faster-whisper's internals moved: {exc}") from exc
         self._ct2 = ctranslate2
-        multilingual = self.model.model.is_multilingual
+        multilingual = self.multilingual = bool(self.model.model.is_multilingual)
         self._tok = Tokenizer(self.model.hf_tokenizer, multilingual, task="transcribe",
                               language=language if multilingual else None)
         self._suppress = list(get_suppressed_tokens(self._tok, [-1]))
@@ -114,6 +116,11 @@ class WhisperEngine:
         self.full_windows = 0
         self.vad = vad
         self.language = language
+        # the language codes a multilingual model knows (its tokenizer's), and the
+        # start-of-transcript prompts of those asked for so far
+        self._languages = frozenset(self.model.supported_languages) if multilingual \
+            else frozenset()
+        self._by_language: dict[str, tuple[Any, list[int]]] = {}
         self.beam_size = int(beam_size)
         self.partial_beam_size = int(partial_beam_size)
         self.weights_bytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
@@ -134,15 +141,18 @@ class WhisperEngine:
     # ----- requests -----
 
     def submit(self, audio: np.ndarray, *, key: Any, final: bool, hotwords: str | None = None,
-               on_done: Callable[[SttRequest], None] | None = None) -> SttRequest:
+               on_done: Callable[[SttRequest], None] | None = None,
+               language: str | None = None) -> SttRequest:
         """Queue a segment (16 kHz mono float32). The key's queued partial, if any, ends
-        cancelled: a newer partial or a final of the same key makes it moot."""
+        cancelled: a newer partial or a final of the same key makes it moot. `language`
+        (a language code such as "de") is the hint a multilingual model decodes with; an
+        English-only model, or a code the model does not know, keeps its own."""
         if not isinstance(audio, np.ndarray) or audio.dtype != np.float32 or audio.ndim != 1:
             raise InvalidRequest("audio must be a 1-D float32 array at 16 kHz")
         if len(audio) > MAX_SEGMENT_S * SAMPLE_RATE:
             raise InvalidRequest(f"a segment of {len(audio) / SAMPLE_RATE:.0f} s is longer "
                                  f"than {MAX_SEGMENT_S} s")
-        req = SttRequest(audio, key, final, hotwords, on_done)
+        req = SttRequest(audio, key, final, hotwords, on_done, self.hint(language))
         with self._cv:
             if self._closing:
                 raise EngineClosed("the speech-to-text engine is closed")
@@ -219,7 +229,7 @@ class WhisperEngine:
                 try:
                     req.text = self._decode(req.audio, req.hotwords,
                                             self.beam_size if req.final
-                                            else self.partial_beam_size)
+                                            else self.partial_beam_size, req.language)
                     if req.state == "running":
                         req.state = "done"
                 except Exception as exc:  # noqa: BLE001 - reported to the request
@@ -239,29 +249,48 @@ class WhisperEngine:
             req.audio = None
             self._finish(req)
 
-    def _decode(self, audio: np.ndarray, hotwords: str | None, beam: int) -> str:
+    def hint(self, language: str | None) -> str | None:
+        """The language a request decodes in: the hint when this model is multilingual
+        and knows it, else None (the model's own language)."""
+        if not language or not self.multilingual:
+            return None
+        code = language.split("-")[0].lower()
+        return code if code in self._languages else None
+
+    def _prompt_for(self, language: str | None) -> tuple[Any, list[int]]:
+        """(tokenizer, start-of-transcript prompt) for a language (None: the model's)."""
+        if language is None or language == self.language:
+            return self._tok, self._prompt
+        if language not in self._by_language:
+            from faster_whisper.tokenizer import Tokenizer
+            tok = Tokenizer(self.model.hf_tokenizer, True, task="transcribe",
+                            language=language)
+            self._by_language[language] = (tok, list(tok.sot_sequence) + [tok.no_timestamps])
+        return self._by_language[language]
+
+    def _decode(self, audio: np.ndarray, hotwords: str | None, beam: int,
+                language: str | None = None) -> str:
         feats = self.model.feature_extractor(audio)
         n = feats.shape[-1]
         if n + 100 < FULL_WINDOW_FRAMES:
             frames = max(WINDOW_MIN_S * 100, (n // 100 + 2) * 100)
             window = np.zeros((feats.shape[0], frames), np.float32)
             window[:, :n] = feats
-            text = self._generate(window, hotwords, beam, len(audio) / SAMPLE_RATE)
+            text = self._generate(window, hotwords, beam, len(audio) / SAMPLE_RATE, language)
             if text is not None:
                 self.short_windows += 1
                 return text
         self.full_windows += 1
         segments, _ = self.model.transcribe(
-            audio, language=self.language, beam_size=beam, vad_filter=False,
+            audio, language=language or self.language, beam_size=beam, vad_filter=False,
             condition_on_previous_text=False, without_timestamps=True,
             hotwords=hotwords or None)
         return " ".join(s.text.strip() for s in segments).strip()
 
     def _generate(self, window: np.ndarray, hotwords: str | None, beam: int,
-                  seconds: float) -> str | None:
+                  seconds: float, language: str | None = None) -> str | None:
         """One short window through CTranslate2; None when the output looks like a loop."""
-        tok = self._tok
-        prompt = self._prompt
+        tok, prompt = self._prompt_for(language)
         if hotwords:
             words = tok.encode(" " + hotwords.strip())[:200]
             prompt = [tok.sot_prev] + words + prompt

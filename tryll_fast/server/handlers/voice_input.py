@@ -144,7 +144,8 @@ def _create(session, req, rate: int, channels: int, vad: VadSettings):
     try:
         handle = VoiceInput(server.new_voice_input_id(), send=session.send_reply,
                             engine=engine, lease=lease, sample_rate=rate, channels=channels,
-                            vad=vad, hotwords=hotwords, notify=server.listener.notify)
+                            vad=vad, hotwords=hotwords, notify=server.listener.notify,
+                            locale=lambda: session.locale)
     except Exception as exc:
         lease.release()
         raise TryllError(ErrorCode.SttModelLoadFailed,
