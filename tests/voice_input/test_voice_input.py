@@ -237,6 +237,8 @@ def test_hotwords_help_a_made_up_name(server, w, speaker):
     assert hinted > plain, (plain, hinted)
     off = hits(create(w, hotwords_storage_path="names/npcs.txt", hotwords_score=1.0))
     assert off == plain                                  # 1.0 is "off"
+    # a score without a list to bias towards changes nothing
+    assert hits(create(w, hotwords_score=5.0)) == plain
 
 
 def test_two_microphones_at_once(server, speaker):
