@@ -98,6 +98,11 @@ def test_action_triggers_resolve_against_the_agent_then_the_project(light):
         porter.send(Element("action", {"name": "greet", "parameters": {"name": "Cy"}}))
         porter.turn()
         assert user_texts(server, gateway, porter_id)[-1] == "Say hello to Cy."
+        # an action element with text is a turn with exactly that text, whatever its name
+        porter.send(Element("action", {"name": "greet", "text": "Where is the smithy?",
+                                       "parameters": {"name": "Di"}}))
+        porter.turn()
+        assert user_texts(server, gateway, porter_id)[-1] == "Where is the smithy?"
 
 
 def test_an_end_action_asks_the_session_to_end(light):
