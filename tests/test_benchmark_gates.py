@@ -41,6 +41,26 @@ def test_every_gate_is_in_the_summary_and_measured(summary):
         assert ok == entry["pass"]
 
 
+def test_each_gate_names_the_commit_its_figures_were_measured_on(summary):
+    by_name = {g.name: g for g in gates.GATES}
+    for entry in summary["gates"]:
+        assert entry["commit"] == gates.provenance(summary, by_name[entry["name"]])["commit"]
+        kind = subprocess.run(["git", "cat-file", "-t", entry["commit"]], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert kind.stdout.strip() == "commit", entry
+
+
+def test_the_docs_show_the_summary_s_figures():
+    # docs/benchmarks.md's table is written from summary.json; an edit by hand, or a
+    # summary committed without its table, shows here
+    with open(gates.SUMMARY) as f:
+        summary = json.load(f)
+    with open(gates.DOCS) as f:
+        docs = f.read()
+    block = docs.split(gates.TABLE_BEGIN, 1)[1].split(gates.TABLE_END, 1)[0]
+    assert block.strip() == gates.current_table(summary).strip()
+
+
 @pytest.mark.parametrize("gate", gates.GATES, ids=lambda g: g.name)
 def test_a_gate_fails_when_its_sides_are_swapped(summary, gate):
     """A gate passing both ways measures nothing; one failing on the honest run has shown
