@@ -116,9 +116,12 @@ def test_a_lane_past_its_burst_waits_for_its_share_while_another_session_plays()
     jobs, cpu_s, share, burst_s = 12, 0.02, 0.5, 0.02
     lane, done, wall = _run_lane(True, jobs, cpu_s, share, burst_s)
     assert done == list(range(jobs))                       # in order, none lost
-    assert lane.paced >= 3 and lane.paced_s > 0
-    # the bucket's bound: CPU used <= burst + share x elapsed, whatever the machine's speed
+    # the bucket's bound: CPU used <= burst + share x elapsed, whatever the machine's speed.
+    # How often the lane had to wait for it depends on that speed (on a loaded machine
+    # the jobs' own wall time refills the bucket), so only the bound is asserted; on an
+    # idle one it cannot hold without waits (the jobs alone take about 0.24 s)
     assert wall >= (jobs * cpu_s - burst_s) / share * 0.95, (wall, lane.paced)
+    assert (lane.paced > 0) == (lane.paced_s > 0)
     assert len(lane) == 0
 
 
