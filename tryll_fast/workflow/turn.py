@@ -451,17 +451,16 @@ class Turn:
             if self.cancelled:
                 handle.cancel()
             left = self._check_time(node.name)
+            over_time = False
             if left is None:
                 await done
             else:
                 try:
                     await asyncio.wait_for(asyncio.shield(done), left)
                 except asyncio.TimeoutError:
+                    over_time = True
                     handle.cancel()
                     await done              # the engine stops before its next token
-                    self._handles.discard(handle)
-                    self.tokens_generated += handle.stats.tokens_generated
-                    self._check_time(node.name)
         finally:
             unregister()
         self._handles.discard(handle)
@@ -473,6 +472,8 @@ class Turn:
                                              t_submit - t_proj))
             if toolset is not None:
                 self._diag["input"] = {"prompt": prompt.messages}
+        if over_time:                       # a time limit, not a cancel: 4002
+            self._check_time(node.name)
         if handle.finish_reason == "cancelled" or self.cancelled:
             if guard is not None:
                 guard.finish(False)         # what the history keeps was all shown
