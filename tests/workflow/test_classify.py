@@ -1,5 +1,5 @@
-"""ClassifyIntentLLM and IntentToInstruction with the real SmolLM2: letter-choice scoring
-through the batched engine, found / not_found and their reasons, the sink intent, the
+"""ClassifyIntentLLM and IntentToInstruction with the real SmolLM2: options answered by name
+(calibrated by their prior) or by letter through the batched engine, found / not_found and their reasons, the sink intent, the
 intent_classified event, the instruction attached from a Map storage or inline entries."""
 from __future__ import annotations
 
@@ -57,6 +57,21 @@ def test_the_best_letter_routes_and_its_instruction_is_attached(w):
     expected = {"shop": "Talk about prices.", "quest": "Offer the wolf hunt.",
                 "chat": "Chat about en."}[cls["intent"]]      # rendered as Mustache
     assert diag["route"]["instruction"] == "route" and diag["route"]["text"] == expected
+
+
+def test_options_are_answered_by_name_unless_two_names_start_alike(w):
+    from tryll_fast.workflow.nodes.classify import _calibrated
+    named = agent(w, classify("buy_bread,hire_guard,chat", threshold=0.0, margin=0.0))
+    cls = nodes_of(turn(w, named, "Two loaves, please."))["cls"]
+    assert cls["answered_by"] == "name" and len(cls["scores"]) == 3
+    # "ask_way" and "ask_price" both start with "ask": letters tell them apart
+    lettered = agent(w, classify("ask_way,ask_price", threshold=0.0, margin=0.0))
+    cls = nodes_of(turn(w, lettered, "Where is the ferry?"))["cls"]
+    assert cls["answered_by"] == "letter" and list(cls["scores"]) == ["A:ask_way",
+                                                                      "B:ask_price"]
+    # the prior divides: an option the model leans to whatever is said loses that lean
+    assert _calibrated([0.6, 0.3, 0.1], [0.6, 0.3, 0.1]) == pytest.approx([1 / 3] * 3)
+    assert _calibrated([0.5, 0.5], [0.8, 0.2]) == pytest.approx([0.2, 0.8])
 
 
 def test_not_found_reasons_and_the_sink_intent(w):
