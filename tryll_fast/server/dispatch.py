@@ -8,7 +8,11 @@ must have a handler (tests check this against the union); a tag a client may not
 
 A handler is `fn(session, body) -> reply body | None`. It raises TryllError for a
 protocol error; it returns None when it replies later (work handed to a worker) or when
-the message has no reply at all (SetInferenceThrottle, AudioBuffer).
+the message has no reply at all (SetInferenceThrottle, AudioBuffer). A handler registered
+with `lane=True` runs on the session's lane (session.run_blocking) instead of the reactor:
+what it returns is the reply, what it raises the ErrorResponse. A handler that must check
+something on the reactor first (an agent busy, a model unknown) and then work on the lane
+calls session.run_blocking itself.
 """
 from __future__ import annotations
 
@@ -45,13 +49,15 @@ class Route:
     during_shutdown: bool = False
     # fire-and-forget: never answered, not even with an error
     silent: bool = False
+    # runs on the session's lane, not the reactor (file I/O, embedding, model work)
+    lane: bool = False
 
 
 _REGISTRY: dict[str, Route] = {}
 
 
 def handles(name: str, *, before_session: str = "reject", during_shutdown: bool = False,
-            silent: bool = False) -> Callable[[Handler], Handler]:
+            silent: bool = False, lane: bool = False) -> Callable[[Handler], Handler]:
     if name not in CLIENT_MESSAGES:
         raise ValueError(f"{name} is not a client-to-server message of MessageBody")
     if before_session not in ("serve", "drop", "reject"):
@@ -60,7 +66,7 @@ def handles(name: str, *, before_session: str = "reject", during_shutdown: bool 
     def register(fn: Handler) -> Handler:
         if name in _REGISTRY:
             raise ValueError(f"{name} already has a handler ({_REGISTRY[name].fn.__qualname__})")
-        _REGISTRY[name] = Route(name, fn, before_session, during_shutdown, silent)
+        _REGISTRY[name] = Route(name, fn, before_session, during_shutdown, silent, lane)
         return fn
 
     return register

@@ -250,6 +250,10 @@ class Session:
                                 f"{route.name} refused: the server is shutting down")
             return
         try:
+            if route.lane:
+                self.run_blocking(body.request_id, route.name, lambda: route.fn(self, body),
+                                  getattr(body, "agent_id", 0))
+                return
             reply = route.fn(self, body)
         except Exception as exc:
             self._refused()

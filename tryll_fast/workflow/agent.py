@@ -128,6 +128,10 @@ class Agent:
         longer counts as current until a prefill or the next turn syncs it."""
         self.kv_prefix_stale = True
 
+    def kv_synced(self) -> None:
+        """A prefill or a turn brought the KV up to the dialog: the prefix is current again."""
+        self.kv_prefix_stale = False
+
     # ---- state (call these with `lock` held) ----
 
     @property

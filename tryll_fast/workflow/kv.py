@@ -123,7 +123,7 @@ def prefill(agent, timeout: float = 300.0) -> KvReport:
         report.tokens_reused += reused
     agent.kv_evicted = False
     if report.prefix_status == PrefixStatus.Current:
-        agent.kv_prefix_stale = False
+        agent.kv_synced()
     return report
 
 

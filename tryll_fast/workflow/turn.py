@@ -29,7 +29,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tryll_fast import codec
 from tryll_fast.engines.errors import EngineError
@@ -85,14 +85,28 @@ class Paused:
     loop: Any
 
 
+def start(agent: Agent, request_id: int, user_text: str,
+          open_operation: Callable[[Callable[[], None]], Any]) -> "Turn":
+    """SendMessage: admit a turn on the idle agent, open its operation and run it on the
+    agent's runtime. Raises TryllError (AgentBusy, ...) when the agent cannot take one."""
+    with agent.lock:
+        agent.admit("SendMessageRequest", "one turn at a time; wait for its TurnComplete")
+        turn = Turn(agent, request_id, user_text, open_operation)
+        agent.begin_turn(turn)
+    agent.runtime.spawn(turn.run())
+    return turn
+
+
 class Turn:
-    def __init__(self, agent: Agent, request_id: int, user_text: str, operation) -> None:
+    def __init__(self, agent: Agent, request_id: int, user_text: str,
+                 open_operation: Callable[[Callable[[], None]], Any]) -> None:
+        """`open_operation(cancel)` opens the session's record of this turn, whose cancel
+        (a closing session) stops it; it is called last, with the turn whole."""
         self.agent = agent
         self.session = agent.session
         self.conn = agent.session.conn
         self.request_id = request_id
         self.user_text = user_text
-        self.operation = operation
         self.interaction = agent.dialog.begin(user_text)
         self.instructions: list[tuple[str, str]] = []
         self.knowledge: list[dict[str, Any]] = []   # Retrieve blocks of this turn (templates)
@@ -119,6 +133,7 @@ class Turn:
         # for the client, move it on; None = no limit)
         limit_ms = agent.runtime.limits.turn_timeout_ms
         self.deadline = self.t_start + limit_ms / 1000.0 if limit_ms > 0 else None
+        self.operation = open_operation(lambda: self.cancel(codec.CancelMode.StopAndDiscard))
 
     # ---- control (any thread) ----
 
@@ -142,7 +157,7 @@ class Turn:
         try:
             if agent.kv_evicted:
                 await self._restore_kv()
-            agent.kv_prefix_stale = False       # this turn's requests sync the KV
+            agent.kv_synced()                   # this turn's requests sync the KV
             node = agent.graph.nodes[agent.graph.start]
             while node is not None:
                 if self.cancelled:

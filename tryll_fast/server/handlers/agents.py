@@ -20,7 +20,7 @@ from tryll_fast.workflow import kv
 from tryll_fast.workflow.agent import Agent
 from tryll_fast.workflow.graph import CompileContext, check_change, compile_graph
 from tryll_fast.workflow.nodes import TYPES
-from tryll_fast.workflow.turn import Turn
+from tryll_fast.workflow.turn import start as start_turn
 from tryll_fast.workflow.variables import Variables
 from tryll_fast.workflow.voice import check_voice
 
@@ -179,15 +179,8 @@ def destroy_agent(session, req):
 @handles("SendMessageRequest")
 def send_message(session, req):
     agent = agent_of(session, req.agent_id)
-    with agent.lock:
-        agent.admit("SendMessageRequest", "one turn at a time; wait for its TurnComplete")
-        holder = {}
-        op = session.begin_operation(
-            "turn", f"agent {agent.id}",
-            lambda: holder["turn"].cancel(codec.CancelMode.StopAndDiscard))
-        turn = holder["turn"] = Turn(agent, req.request_id, req.text, op)
-        agent.begin_turn(turn)
-    agent.runtime.spawn(turn.run())
+    start_turn(agent, req.request_id, req.text,
+               lambda cancel: session.begin_operation("turn", f"agent {agent.id}", cancel))
     return None
 
 

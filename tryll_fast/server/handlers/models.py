@@ -200,47 +200,33 @@ def load_model(session, req):
     session.run_blocking(rid, "LoadModelRequest", run)
 
 
-@handles("UnloadModelRequest")
+@handles("UnloadModelRequest", lane=True)
 def unload_model(session, req):
-    rid = req.request_id
-    name = req.model_name
-    server = session.server
-
-    def run():
-        _entry(server, name)
-        warning = server.unpin_for(session, name)
-        return codec.Ack(request_id=rid, warning=warning)
-
-    session.run_blocking(rid, "UnloadModelRequest", run)
+    _entry(session.server, req.model_name)
+    warning = session.server.unpin_for(session, req.model_name)
+    return codec.Ack(request_id=req.request_id, warning=warning)
 
 
-@handles("DeleteModelRequest")
+@handles("DeleteModelRequest", lane=True)
 def delete_model(session, req):
-    rid = req.request_id
     name = req.model_name
     server = session.server
-
-    def run():
-        _entry(server, name)
-        removed = server.models.store.delete(name)      # 6004 while it is being fetched
-        if server.models.is_loaded(name):
-            warning = f"{name} is loaded: it stays in memory until unloaded"
-        elif not removed:
-            warning = f"{name} was not downloaded"
-        else:
-            warning = ""
-        log.info("model deleted", extra=fields(model=name, session=session.id, removed=removed))
-        return codec.Ack(request_id=rid, warning=warning)
-
-    session.run_blocking(rid, "DeleteModelRequest", run)
+    _entry(server, name)
+    removed = server.models.store.delete(name)      # 6004 while it is being fetched
+    if server.models.is_loaded(name):
+        warning = f"{name} is loaded: it stays in memory until unloaded"
+    elif not removed:
+        warning = f"{name} was not downloaded"
+    else:
+        warning = ""
+    log.info("model deleted", extra=fields(model=name, session=session.id, removed=removed))
+    return codec.Ack(request_id=req.request_id, warning=warning)
 
 
-@handles("GetMemoryConsumptionRequest")
+@handles("GetMemoryConsumptionRequest", lane=True)
 def get_memory_consumption(session, req):
-    rid = req.request_id
     server = session.server
-    session.run_blocking(rid, "GetMemoryConsumptionRequest",
-                         lambda: memory.snapshot(server, rid, server.describe_key))
+    return memory.snapshot(server, req.request_id, server.describe_key)
 
 
 # ModelStatus values on the wire and in the fetcher agree (Loaded is the server's own).

@@ -13,42 +13,34 @@ from tryll_fast.server.logs import fields
 log = logging.getLogger("tryll_fast.server.storages")
 
 
-@handles("CreateStringStorageRequest")
+@handles("CreateStringStorageRequest", lane=True)
 def create_string_storage(session, req):
-    def run():
-        made = session.strings.create(req, session.locale)
-        log.info("string storage created", extra=fields(
-            session=session.id, storage=made.name, kind=made.kind.name, entries=len(made),
-            source=made.source or "inline"))
-        return codec.CreateStringStorageResponse(request_id=req.request_id, name=made.name,
-                                                 entry_count=len(made))
-    session.run_blocking(req.request_id, "CreateStringStorageRequest", run)
+    made = session.strings.create(req, session.locale)
+    log.info("string storage created", extra=fields(
+        session=session.id, storage=made.name, kind=made.kind.name, entries=len(made),
+        source=made.source or "inline"))
+    return codec.CreateStringStorageResponse(request_id=req.request_id, name=made.name,
+                                             entry_count=len(made))
 
 
-@handles("DestroyStringStorageRequest")
+@handles("DestroyStringStorageRequest", lane=True)
 def destroy_string_storage(session, req):
-    def run():
-        session.strings.destroy(req.name)
-        return codec.Ack(request_id=req.request_id)
-    session.run_blocking(req.request_id, "DestroyStringStorageRequest", run)
+    session.strings.destroy(req.name)
+    return codec.Ack(request_id=req.request_id)
 
 
-@handles("CreateEmbeddedStringStorageRequest")
+@handles("CreateEmbeddedStringStorageRequest", lane=True)
 def create_embedded_string_storage(session, req):
-    def run():
-        made = session.embedded.create(req)
-        log.info("embedded string storage created", extra=fields(
-            session=session.id, storage=made.name, records=len(made), dim=made.dim,
-            model=made.model, source=made.source or "inline"))
-        return codec.CreateEmbeddedStringStorageResponse(
-            request_id=req.request_id, name=made.name, record_count=len(made),
-            embedding_dim=made.dim)
-    session.run_blocking(req.request_id, "CreateEmbeddedStringStorageRequest", run)
+    made = session.embedded.create(req)
+    log.info("embedded string storage created", extra=fields(
+        session=session.id, storage=made.name, records=len(made), dim=made.dim,
+        model=made.model, source=made.source or "inline"))
+    return codec.CreateEmbeddedStringStorageResponse(
+        request_id=req.request_id, name=made.name, record_count=len(made),
+        embedding_dim=made.dim)
 
 
-@handles("DestroyEmbeddedStringStorageRequest")
+@handles("DestroyEmbeddedStringStorageRequest", lane=True)
 def destroy_embedded_string_storage(session, req):
-    def run():
-        session.embedded.destroy(req.name)
-        return codec.Ack(request_id=req.request_id)
-    session.run_blocking(req.request_id, "DestroyEmbeddedStringStorageRequest", run)
+    session.embedded.destroy(req.name)
+    return codec.Ack(request_id=req.request_id)
