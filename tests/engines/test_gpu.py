@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tryll_fast.engines.llama import LlamaEngine, LlamaModel, _nvidia_libs, devices
-from tryll_fast.engines.llama.model import init_backend
+from tryll_fast.engines.llama.backend import init_backend
 
 from engine_prompts import chatml
 

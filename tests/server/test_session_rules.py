@@ -155,8 +155,8 @@ def test_engine_and_placement_hints_are_stored(server, wire):
     assert s.engine_hints == ((0, 1), (3, 6))
     assert s.placement_hints == {"SmolLM2-135M-Instruct": 1}
     # the hint's one effect: the llama.cpp backend is initialised now, not at the first load
-    from tryll_fast.engines.llama import model
-    assert wait_for(lambda: model._backend_ready)
+    from tryll_fast.engines.llama import backend
+    assert wait_for(lambda: backend._ready)
 
 
 def test_undecodable_frame_gets_5001_and_the_connection_survives(session):

@@ -51,7 +51,7 @@ def _load_llama(entry, path: Path, options: Mapping[str, Any]):
 
 
 def _warm_llama() -> None:
-    from tryll_fast.engines.llama.model import init_backend
+    from tryll_fast.engines.llama.backend import init_backend
     init_backend()
 
 

@@ -449,13 +449,15 @@ class Server:
 
     # ---- operations ----
 
-    def _operation_started(self, op: Operation) -> None:
+    def operation_started(self, op: Operation) -> None:
+        """A session opened an operation (a turn, a stream, a lane request): shutdown waits
+        for it, and a turn or stream paces the other sessions' lanes."""
         with self._lock:
             self._operations.add(op)
             if op.kind in _PLAYING:
                 self._playing[op.session] = self._playing.get(op.session, 0) + 1
 
-    def _operation_finished(self, op: Operation) -> None:
+    def operation_finished(self, op: Operation) -> None:
         with self._lock:
             if op in self._operations and op.kind in _PLAYING:
                 left = self._playing.get(op.session, 0) - 1

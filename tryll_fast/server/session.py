@@ -353,7 +353,7 @@ class Session:
         op = Operation(self, kind, name, cancel)
         with self._lock:
             self.operations.add(op)
-        self.server._operation_started(op)
+        self.server.operation_started(op)
         if self.closed:
             op.cancel()
         return op
@@ -361,7 +361,7 @@ class Session:
     def _operation_done(self, op: Operation) -> None:
         with self._lock:
             self.operations.discard(op)
-        self.server._operation_finished(op)
+        self.server.operation_finished(op)
 
     def on_resume(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` on the reactor thread whenever the connection stops being

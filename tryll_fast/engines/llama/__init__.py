@@ -8,7 +8,8 @@ prefix cache, eviction to a file (spill.py) or host memory and restore, memory
 accounting, pooled embeddings (embeddings.py), the one thread every decode in the process
 runs on (compute.py: one OpenMP team), how many threads a decode gets beside a busy machine
 and the low-priority C thread it then runs on (cpu_share.py, _lowthread.pyx), and where a model's layers go on a GPU
-build (devices.py: placement ram / vram / auto). It implements the LanguageModel and
+build (devices.py: placement ram / vram / auto), all behind the backend initialised once per
+process (backend.py). It implements the LanguageModel and
 Embeddings roles (engines/roles.py); chat templates and tool-call prompting are engine-neutral
 (tryll_fast/prompting).
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from tryll_fast.engines.llama.backend import init_backend
+
 PLACEMENTS = ("auto", "ram", "vram")
 # auto offloads only when the weights take at most this share of the device's free memory:
 # the rest is the KV cache's and the game's.
@@ -78,7 +80,6 @@ def _ggml():
 def backends() -> list[str]:
     """The backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA"...), whether
     or not they found a device."""
-    from tryll_fast.engines.llama.model import init_backend
     init_backend()
     lib = _ggml()
     return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
@@ -87,7 +88,6 @@ def backends() -> list[str]:
 
 def gpus() -> list[Device]:
     """The GPU devices of this build, with their free and total memory now."""
-    from tryll_fast.engines.llama.model import init_backend
     init_backend()
     lib = _ggml()
     found = []

@@ -23,7 +23,7 @@ import numpy as np
 from tryll_fast.engines.errors import EngineError
 from tryll_fast.engines.llama import cpu_share, devices
 from tryll_fast.engines.llama.bert_gguf import gguf_path_for
-from tryll_fast.engines.llama.model import init_backend
+from tryll_fast.engines.llama.backend import init_backend
 
 __all__ = ["Embedder", "EmbeddingError"]
 

@@ -4,7 +4,6 @@ The model is read-only once loaded, so tokenize/detokenize may run on any
 thread; a lock only orders them against close(), which frees the weights.
 """
 import ctypes
-import logging
 import os
 import threading
 import weakref
@@ -14,28 +13,12 @@ import llama_cpp.llama_cpp as C
 
 from tryll_fast.engines.errors import EngineClosed, InvalidRequest, ModelLoadError
 from tryll_fast.engines.llama import devices
+from tryll_fast.engines.llama.backend import init_backend
 from tryll_fast.engines.llama.lora_gguf import check_lora_file
 
-_backend_lock = threading.Lock()
-_backend_ready = False
 # Where a DRY match stops: a repeated sequence across a new line, a colon, a quote or an
 # asterisk is not a loop (the defaults of the sampler's authors).
 DRY_BREAKERS = (b"\n", b":", b"\"", b"*")
-
-
-def init_backend() -> None:
-    """Load and initialise llama.cpp's backends once per process (idempotent)."""
-    global _backend_ready
-    with _backend_lock:
-        if _backend_ready:
-            return
-        C.llama_backend_init()
-        # llama-cpp-python installs a Python log callback that prints every
-        # INFO line of every model load; keep errors only unless someone asked.
-        log = logging.getLogger("llama-cpp-python")
-        if log.level == logging.NOTSET:
-            log.setLevel(logging.ERROR)
-        _backend_ready = True
 
 
 def token_to_piece_address() -> int:
