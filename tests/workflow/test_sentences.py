@@ -57,6 +57,21 @@ def test_the_first_chunk_is_cut_at_a_clause_or_a_word():
     assert all(len(c) <= MAX_CHUNK_CHARS for c in out)
 
 
+def test_the_first_chunk_ends_at_its_first_clause_when_capped():
+    text = "Ah, a room for the night costs 2 silver pieces, supper included. Bath extra."
+    # "Ah," is shorter than min_sentence_chars; the next clause mark ends the chunk, long
+    # before the sentence does
+    assert split(text, first_chunk_max_chars=60) == [
+        "Ah, a room for the night costs 2 silver pieces,", "supper included.", "Bath extra."]
+    assert split(text) == ["Ah, a room for the night costs 2 silver pieces, supper included.",
+                           "Bath extra."]                  # no cap: sentences only
+    # a comma inside a number is no clause; one past the cap is left to the cap's cut
+    assert split("It costs 1,000 gold coins, friend, no less.", first_chunk_max_chars=40)[0] \
+        == "It costs 1,000 gold coins,"
+    assert split("A very long opening clause without a mark, then more.",
+                 first_chunk_max_chars=20)[0] == "A very long opening"
+
+
 def test_a_sentence_that_never_ends_is_cut_at_the_cap():
     text = " ".join(["word"] * 300)
     out = split(text)

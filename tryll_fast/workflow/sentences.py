@@ -5,9 +5,12 @@ brackets) followed by whitespace, or a line break. A period after a known abbrev
 ("Dr.", "e.g.") or a single letter (an initial) is not a boundary, and a period between
 digits never is (the next character has to be whitespace). Then:
 - a chunk shorter than `min_sentence_chars` waits and is merged with the next one;
-- the node's first chunk is cut early at `first_chunk_max_chars` (0 = no cap), at the last
-  clause mark (, ; : —) before the cap, else the last space, so the first audio comes
-  sooner; what is left after a cut is at least `min_sentence_chars` long;
+- with `first_chunk_max_chars` set (0 = no cap), the node's first chunk ends at its first
+  clause mark (, ; : — followed by whitespace) at least `min_sentence_chars` and at most
+  the cap into the text, so the first audio comes as soon as the first clause is written
+  ("Ah, well, a room is 2 silver, supper included." speaks "Ah, well, a room is 2 silver,"
+  first); without one, it is cut at the cap, at the last clause mark before it, else the
+  last space, and what is left after that cut is at least `min_sentence_chars` long;
 - any chunk is cut at MAX_CHUNK_CHARS the same way (a model that never ends a sentence
   must not hold the voice back);
 - `flush()` returns the rest when the text is complete.
@@ -69,6 +72,12 @@ class SentenceSplitter:
                 if buf[j].isspace() and not (c == "." and _abbreviation(buf, i)):
                     end = j
                 i = j - 1
+            elif c in _CLAUSE_MARKS and self.min_chars <= i + 1 <= self.first_max \
+                    and self.emitted + len(out) == 0:
+                if i + 1 >= n:
+                    break               # "1," may be "1,000"; wait for the next character
+                if buf[i + 1].isspace():
+                    end = i + 1         # the first chunk ends at its first clause
             if end > 0:
                 chunk = buf[:end]
                 if len(chunk.strip()) >= self.min_chars:
