@@ -502,3 +502,22 @@ def test_chat_speak_writes_a_wav_per_turn(server, voice_path, tmp_path):
             assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)
             assert w.getnframes() > 22050 // 2              # more than half a second
     assert proc.stdout.count("s of speech:") == 2
+
+
+# ---- the voice's language ----
+
+@pytest.mark.parametrize("asked,locale,language", [
+    ("", "en-GB", "en-GB"),       # no language: the session's locale, which the model speaks
+    ("", "de-DE", "en-US"),       # a locale it does not speak: the model's own language
+    ("", "", "en-US"),
+    ("en-AU", "de-DE", "en-AU"),  # asked for: kept, whatever the locale
+])
+def test_the_voice_language_comes_from_the_profile_then_the_locale(asked, locale, language):
+    from tryll_fast.models import load_catalog
+    from tryll_fast.workflow.voice import check_voice
+    catalog = load_catalog()
+    assert catalog.get(VOICE).languages[0] == "en-US"
+    voice = check_voice(profile(language=asked), speaks=True, catalog=catalog,
+                        engines={catalog.get(VOICE).engine}, downloaded=lambda name: True,
+                        locale=locale)
+    assert voice.language == language
