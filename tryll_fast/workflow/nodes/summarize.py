@@ -76,7 +76,7 @@ BUILTIN_TEMPLATE = compile_template(
     "wants, and the other facts worth remembering.")
 # Without a template or system prompt of its own, the node keeps notes instead of
 # rewriting a summary. A small model asked to rewrite its summary with each new part of
-# the conversation loses a little every time: on the 0.5B default, four of ten facts the
+# the conversation loses a little every time: on Qwen2.5-Coder-0.5B, four of ten facts the
 # player gave in the first turns were left after 300 turns, beside copied dialog lines.
 # Notes are asked of the player's own statements only (questions state nothing about the
 # player; the NPC's lines are not about the player), and the previous notes are never
