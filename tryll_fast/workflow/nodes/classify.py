@@ -283,7 +283,7 @@ async def _ask(turn, node: Node, engine, question: "Question", where: str):
     scores = await score(turn.slot(x["input"]), node.params.history_turns)
     if scores is None or not answers.by_name:
         return scores, "letter"
-    key = getattr(engine.model, "path", None) or id(engine.model)
+    key = _model_key(engine)
     prior = question.priors.get(key)
     if prior is None:
         prior = await score(CONTENT_FREE, 0)
@@ -291,6 +291,11 @@ async def _ask(turn, node: Node, engine, question: "Question", where: str):
             return scores, "name"
         question.priors[key] = prior
     return _calibrated(scores, prior), "name"
+
+
+def _model_key(engine):
+    """What a question's per-model state is kept under: the model's file."""
+    return getattr(engine.model, "path", None) or id(engine.model)
 
 
 def _calibrated(scores, prior) -> list[float]:
@@ -340,13 +345,17 @@ class Question:
         self.descriptions = tuple(descriptions)
         self.letters = tuple(letters)
         self.priors: dict = {}      # model file -> each option's content-free probability
+        self._answers: dict = {}    # model file -> Answers (the tokenizer decides them)
 
     def answers(self, engine, where: str) -> Answers:
-        named = _name_tokens(engine, self.names)
-        if named is not None:
-            return named
-        return Answers(False, tuple(letter_tokens(engine, self.letters, where)),
-                       tuple((k,) for k in range(len(self.letters))))
+        key = _model_key(engine)
+        answers = self._answers.get(key)
+        if answers is None:
+            answers = _name_tokens(engine, self.names) or Answers(
+                False, tuple(letter_tokens(engine, self.letters, where)),
+                tuple((k,) for k in range(len(self.letters))))
+            self._answers[key] = answers
+        return answers
 
     def text(self, answers: Answers) -> str:
         if not answers.by_name:
